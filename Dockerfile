@@ -1,0 +1,201 @@
+# SageMaker "bring your own container" for distributed TensorFlow + Horovod over OpenMPI and ssh.
+#
+#   make build                 GPU flavor (default): CUDA 11.8, NCCL 2.16, Horovod with NCCL ops
+#   make build FLAVOR=cpu      CPU flavor: the same without CUDA (what the tests run)
+#
+# Stages, top to bottom, in the order of how rarely they change:
+#   os       runtime system packages (OpenMPI, OpenSSH, Python, tini)
+#   pydeps   pinned Python packages (docker/constraints.txt), tensorflow by flavor
+#   build    compilers (+ CUDA toolkit on GPU) to build Horovod, mpi4py, sagemaker-training wheels
+#   final    pydeps + those wheels + this repository's code, checked by `horovodrun --check-build`
+# Only `final` ships: no compiler, no CUDA toolkit, no key, no CA bundle in any of its layers.
+#
+# A CA bundle for a TLS-intercepting proxy can be passed as a BuildKit secret (never a layer):
+#   DOCKER_BUILDKIT=1 docker build --secret id=ca,src=/path/to/ca-bundle.crt .
+
+# A Debian bookworm base: `make base` builds it with debootstrap where no registry is reachable;
+# with a registry, BASE_IMAGE=debian:bookworm-slim (or an Ubuntu 22.04/24.04 image) works too.
+ARG BASE_IMAGE=sm-horovod-base:bookworm
+ARG FLAVOR=gpu
+
+################################################################################################
+FROM ${BASE_IMAGE} AS os
+
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+ENV DEBIAN_FRONTEND=noninteractive \
+    LANG=C.UTF-8 \
+    PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1
+
+# Versions come from the Debian release the base image follows (bookworm: OpenMPI 4.1.4,
+# OpenSSH 9.2, Python 3.11); pinning Debian revisions would break on every security update.
+# hadolint ignore=DL3008
+RUN set -eux; \
+    apt-get update; \
+    apt-get install -y --no-install-recommends \
+        ca-certificates \
+        libopenmpi3 \
+        openmpi-bin \
+        openssh-client \
+        openssh-server \
+        procps \
+        python3 \
+        python3-venv \
+        tini \
+    ; \
+    rm -rf /var/lib/apt/lists/*; \
+# openssh-server's postinst generated host keys: no private key may stay in a layer; the entry
+# point makes the job's keys when the container starts.
+    rm -f /etc/ssh/ssh_host_*; \
+    mkdir -p /run/sshd; \
+    mpirun --version; \
+    python3 --version
+
+COPY docker/sshd_config /etc/ssh/sshd_config.d/sm-horovod.conf
+COPY docker/ssh_config /etc/ssh/ssh_config.d/sm-horovod.conf
+COPY docker/openmpi-mca-params.conf /tmp/openmpi-mca-params.conf
+RUN set -eux; \
+    cat /tmp/openmpi-mca-params.conf >> /etc/openmpi/openmpi-mca-params.conf; \
+    rm /tmp/openmpi-mca-params.conf
+
+# SageMaker runs training as root; mpirun refuses root unless told twice.
+ENV OMPI_ALLOW_RUN_AS_ROOT=1 \
+    OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+    VIRTUAL_ENV=/opt/venv \
+    PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_NO_INPUT=1
+
+# A virtualenv keeps pip away from Debian's own Python packages (PEP 668).
+RUN python3 -m venv /opt/venv
+
+################################################################################################
+FROM os AS pydeps-common
+COPY docker/constraints.txt docker/requirements*.txt /opt/requirements/
+
+FROM pydeps-common AS pydeps-cpu
+# The secret, when given, replaces the system bundle for this one command only.
+RUN --mount=type=cache,target=/root/.cache/pip \
+    --mount=type=secret,id=ca,target=/etc/ssl/certs/ca-certificates.crt \
+    set -eux; \
+    export PIP_CERT=/etc/ssl/certs/ca-certificates.crt; \
+    pip install -r /opt/requirements/requirements-cpu.txt
+
+FROM pydeps-common AS pydeps-gpu
+RUN --mount=type=cache,target=/root/.cache/pip \
+    --mount=type=secret,id=ca,target=/etc/ssl/certs/ca-certificates.crt \
+    set -eux; \
+    export PIP_CERT=/etc/ssl/certs/ca-certificates.crt; \
+    pip install -r /opt/requirements/requirements-gpu.txt
+# tensorflow 2.14 and Horovod load CUDA, cuDNN and NCCL from the nvidia-*-cu11 wheels; the
+# driver's libcuda.so.1 is mounted by the NVIDIA container runtime (SageMaker's GPU hosts).
+# https://github.com/tensorflow/tensorflow/issues/61468
+ENV NVIDIA_VISIBLE_DEVICES=all \
+    NVIDIA_DRIVER_CAPABILITIES=compute,utility \
+    LD_LIBRARY_PATH=/opt/venv/lib/python3.11/site-packages/nvidia/cublas/lib:/opt/venv/lib/python3.11/site-packages/nvidia/cuda_cupti/lib:/opt/venv/lib/python3.11/site-packages/nvidia/cuda_runtime/lib:/opt/venv/lib/python3.11/site-packages/nvidia/cudnn/lib:/opt/venv/lib/python3.11/site-packages/nvidia/cufft/lib:/opt/venv/lib/python3.11/site-packages/nvidia/curand/lib:/opt/venv/lib/python3.11/site-packages/nvidia/cusolver/lib:/opt/venv/lib/python3.11/site-packages/nvidia/cusparse/lib:/opt/venv/lib/python3.11/site-packages/nvidia/nccl/lib
+
+# hadolint ignore=DL3006
+FROM pydeps-${FLAVOR} AS pydeps
+
+################################################################################################
+FROM pydeps AS build-common
+# hadolint ignore=DL3008
+RUN set -eux; \
+    apt-get update; \
+    apt-get install -y --no-install-recommends \
+        build-essential \
+        cmake \
+        libopenmpi-dev \
+        python3-dev \
+    ; \
+    rm -rf /var/lib/apt/lists/*
+ENV HOROVOD_WITH_TENSORFLOW=1 \
+    HOROVOD_WITH_MPI=1 \
+    HOROVOD_WITH_GLOO=1 \
+    HOROVOD_WITHOUT_PYTORCH=1 \
+    HOROVOD_WITHOUT_MXNET=1
+
+FROM build-common AS build-cpu
+ENV HOROVOD_CPU_OPERATIONS=MPI
+
+FROM build-common AS build-gpu
+# Debian's CUDA 11.8 toolkit lives in non-free; add the components to the sources line the base
+# already has (sources.list for debootstrap bases, debian.sources for the official images).
+# nvcc 11.8 supports host compilers up to g++ 11.
+# hadolint ignore=DL3008
+RUN set -eux; \
+    if [ -f /etc/apt/sources.list.d/debian.sources ]; then \
+        sed -i 's/^Components: main$/Components: main contrib non-free non-free-firmware/' /etc/apt/sources.list.d/debian.sources; \
+    fi; \
+    if [ -f /etc/apt/sources.list ]; then \
+        sed -i -E 's/^(deb .* main)$/\1 contrib non-free non-free-firmware/' /etc/apt/sources.list; \
+    fi; \
+    apt-get update; \
+    apt-get install -y --no-install-recommends g++-11 nvidia-cuda-toolkit; \
+    rm -rf /var/lib/apt/lists/*; \
+    nvcc --version; \
+# The nccl wheel ships only the versioned soname; Horovod's build links against libnccl.so.
+    ln -s libnccl.so.2 /opt/venv/lib/python3.11/site-packages/nvidia/nccl/lib/libnccl.so
+# V100 (70), T4 (75), A100 (80), A10G (86), L4/L40S (89), H100 (90).
+ENV CC=gcc-11 \
+    CXX=g++-11 \
+    HOROVOD_GPU=CUDA \
+    HOROVOD_GPU_OPERATIONS=NCCL \
+    HOROVOD_CUDA_HOME=/usr \
+    HOROVOD_NCCL_HOME=/opt/venv/lib/python3.11/site-packages/nvidia/nccl \
+    HOROVOD_NCCL_LINK=SHARED \
+    HOROVOD_BUILD_CUDA_CC_LIST=70,75,80,86,89,90
+
+# hadolint ignore=DL3006
+FROM build-${FLAVOR} AS build
+# --no-build-isolation: Horovod must compile against the tensorflow already in this venv.
+RUN --mount=type=cache,target=/root/.cache/pip \
+    --mount=type=secret,id=ca,target=/etc/ssl/certs/ca-certificates.crt \
+    set -eux; \
+    export PIP_CERT=/etc/ssl/certs/ca-certificates.crt MAKEFLAGS="-j$(nproc)"; \
+    pip wheel --no-deps --no-build-isolation --wheel-dir /wheels \
+        -r /opt/requirements/requirements-build.txt
+
+################################################################################################
+# hadolint ignore=DL3006
+FROM pydeps AS final
+ARG FLAVOR
+
+# Horovod and the other compiled packages, from the build stage's wheels (no compiler here).
+RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
+    set -eux; \
+    pip install --no-deps --no-index /wheels/*.whl; \
+    pip check; \
+    horovodrun --check-build | tee /tmp/check-build.txt; \
+    grep -q '\[X\] TensorFlow' /tmp/check-build.txt; \
+    grep -q '\[X\] MPI' /tmp/check-build.txt; \
+    grep -q '\[X\] Gloo' /tmp/check-build.txt; \
+    if [ "$FLAVOR" = gpu ]; then grep -q '\[X\] NCCL' /tmp/check-build.txt; fi; \
+    rm /tmp/check-build.txt; \
+    python -c 'import horovod.tensorflow.keras, mpi4py.MPI, sagemaker_training.environment'
+
+COPY docker/docker-entrypoint.sh /usr/local/bin/docker-entrypoint.sh
+
+# This repository's code, last: a code-only change rebuilds only this layer.
+COPY pyproject.toml /opt/src/
+COPY entrypoint /opt/src/entrypoint
+COPY model /opt/src/model
+RUN set -eux; \
+# sagemaker-training installs its own `train` script; ours replaces it.
+    rm -f /opt/venv/bin/train; \
+    pip install --no-deps --no-build-isolation --no-cache-dir /opt/src; \
+    rm -rf /opt/src; \
+    [ "$(command -v train)" = /opt/venv/bin/train ]; \
+    grep -q 'entrypoint.main' /opt/venv/bin/train; \
+# sshd must accept its configuration; a throwaway host key proves it and leaves no trace.
+    ssh-keygen -q -t ed25519 -N '' -f /tmp/check_host_key; \
+    /usr/sbin/sshd -t -o HostKey=/tmp/check_host_key; \
+    rm -f /tmp/check_host_key /tmp/check_host_key.pub
+
+# TensorFlow's C++ INFO lines (oneDNN notices, CPU features) drown the training log on every
+# rank; warnings and errors still show. Override with -e TF_CPP_MIN_LOG_LEVEL=0.
+ENV SM_IMAGE_FLAVOR=${FLAVOR} \
+    TF_CPP_MIN_LOG_LEVEL=1
+WORKDIR /opt/ml
+ENTRYPOINT ["/usr/bin/tini", "--", "/usr/local/bin/docker-entrypoint.sh"]
+CMD []
