@@ -1,0 +1,262 @@
+"""From a Contract to a plan: who is master, how many ranks, which command, which environment.
+
+Pure functions only (no I/O): `make_plan`, `rank_environment`, `build_mpirun_argv`. The habits
+are Horovod's runner (`horovod/runner/mpi_run.py`): named flag constants, environment forwarded
+by name (`-x NAME`, sorted, through one filter) so values stay out of argv and logs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import shlex
+from collections.abc import Mapping
+from pathlib import Path
+
+from sagemaker_training import mapping
+
+from entrypoint.contract import BuiltinProgram, Contract, ContractError, UserScript
+
+# The launcher's per-job secret for the ssh keys; never forwarded to ranks, never logged.
+SSH_SEED_ENV = "SM_HVD_SSH_SEED"
+
+# Flags for every job. ob1 + TCP is what works over SageMaker's ENA and Docker networks alike.
+_OMPI_FLAGS: tuple[str, ...] = (
+    "--allow-run-as-root",
+    # Prefix every line with [jobid,rank]<stream>: so interleaved rank logs stay attributable.
+    "--tag-output",
+    # Horovod's recommendation for one rank per GPU: no pinning, fill each host's slots in order.
+    "-bind-to", "none",
+    "-map-by", "slot",
+    "-mca", "pml", "ob1",
+    "-mca", "btl", "^openib",
+    # The first rank (or host) to exit non-zero ends the whole job instead of leaving it hung.
+    "-mca", "orte_abort_on_non_zero_status", "1",
+)  # fmt: skip
+# Fail fast on a dead host instead of hanging in ssh (mpi-operator: ConnectionAttempts=10).
+_RSH_ARGS = (
+    "-o ConnectTimeout=10 -o ConnectionAttempts=3 -o ServerAliveInterval=2 -o ServerAliveCountMax=3"
+)
+
+# Variables forwarded to every rank: exact names, then prefixes.
+_FORWARD_NAMES = frozenset(
+    {
+        "LANG",
+        "LC_ALL",
+        "LD_LIBRARY_PATH",
+        "PATH",
+        "PYTHONPATH",
+        "PYTHONUNBUFFERED",
+        "PYTHONDONTWRITEBYTECODE",
+        "TRAINING_JOB_ARN",
+        "TRAINING_JOB_NAME",
+        "AWS_REGION",
+        "AWS_DEFAULT_REGION",
+        "AWS_ENDPOINT_URL",
+        "AWS_ENDPOINT_URL_S3",
+    }
+)
+_FORWARD_PREFIXES = ("SM_", "HOROVOD_", "NCCL_", "TF_", "OMP_", "KMP_", "GLOO_", "MALLOC_")
+# Host-specific or secret values that must never be copied from the master to other hosts:
+# SM_CURRENT_HOST on every host made every rank think it ran on the master
+# (https://github.com/aws/sagemaker-training-toolkit/issues/158). SM_TRAINING_ENV embeds
+# current_host too. CUDA_VISIBLE_DEVICES is per host, as in Horovod's env filter.
+_NEVER_FORWARD = re.compile(
+    r"^(SM_CURRENT_HOST|SM_CURRENT_INSTANCE_TYPE|SM_CURRENT_INSTANCE_GROUP"
+    r"|SM_CURRENT_INSTANCE_GROUP_HOSTS|SM_TRAINING_ENV|SM_HVD_SSH_SEED|.*CUDA_VISIBLE_DEVICES"
+    r"|BASH_FUNC_.*|OLDPWD)$"
+)
+
+# Horovod defaults that make a hang fail loudly: warn after 60 s, shut down after 5 min.
+_HOROVOD_DEFAULTS = {
+    "HOROVOD_STALL_CHECK_TIME_SECONDS": "60",
+    "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "300",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class JobPlan:
+    """The decisions the master and workers act on."""
+
+    hosts: tuple[str, ...]
+    master_host: str
+    current_host: str
+    ranks_per_host: int
+    network_interface_name: str
+    program_argv: tuple[str, ...]
+    working_dir: Path | None
+
+    @property
+    def is_master(self) -> bool:
+        return self.current_host == self.master_host
+
+    @property
+    def worker_hosts(self) -> tuple[str, ...]:
+        return tuple(host for host in self.hosts if host != self.master_host)
+
+    @property
+    def total_ranks(self) -> int:
+        return self.ranks_per_host * len(self.hosts)
+
+    @property
+    def is_multi_host(self) -> bool:
+        return len(self.hosts) > 1
+
+
+def ranks_per_host(requested: int | None, gpu_count: int) -> int:
+    """One rank per GPU where there are GPUs, else the requested number (default 1); an explicit
+    request wins either way (e.g. fewer ranks than GPUs for a memory-hungry model)."""
+    if requested is not None:
+        return requested
+    return gpu_count if gpu_count > 0 else 1
+
+
+def program_argv(
+    contract: Contract, *, python: str = "python"
+) -> tuple[tuple[str, ...], Path | None]:
+    """The command every rank runs and its working directory."""
+    args = mapping.to_cmd_args(dict(contract.program_hyperparameters))
+    match contract.program:
+        case BuiltinProgram():
+            return (python, "-m", "model.train", *args), None
+        case UserScript(program=program):
+            code_dir = contract.paths.code_dir
+            if program.endswith(".py"):
+                return (python, program, *args), code_dir
+            if program.endswith(".sh"):
+                return ("/bin/sh", program, *args), code_dir
+            return (str(code_dir / program), *args), code_dir
+    raise AssertionError(f"unknown program {contract.program!r}")
+
+
+def make_plan(contract: Contract, *, gpu_count: int, python: str = "python") -> JobPlan:
+    """Decide the job's shape. The master detects GPUs on its own host and assumes the cluster is
+    homogeneous, as SageMaker's single instance type guarantees."""
+    argv, working_dir = program_argv(contract, python=python)
+    return JobPlan(
+        hosts=contract.hosts,
+        master_host=contract.master_host,
+        current_host=contract.current_host,
+        ranks_per_host=ranks_per_host(contract.ranks_per_host, gpu_count),
+        network_interface_name=contract.network_interface_name,
+        program_argv=argv,
+        working_dir=working_dir,
+    )
+
+
+def require_channel(contract: Contract, channel: str, *, channel_dir_exists: bool) -> None:
+    """The built-in program needs its `train` channel; check before any process starts."""
+    if channel not in contract.channels and not channel_dir_exists:
+        raise ContractError(
+            f"{contract.paths.input_data_config}: required channel {channel!r} is missing "
+            f"(channels: {', '.join(contract.channels) or 'none'})"
+        )
+
+
+def sagemaker_environment(contract: Contract, *, gpu_count: int, cpu_count: int) -> dict[str, str]:
+    """The SM_* variables the sagemaker-training toolkit defines for a training script, built
+    with the toolkit's own encoder (sagemaker_training.mapping.to_env_vars)."""
+    paths = contract.paths
+    hyperparameters = {
+        name: value
+        for name, value in contract.all_hyperparameters.items()
+        if name in contract.program_hyperparameters
+    }
+    user_entry_point = (
+        contract.program.program if isinstance(contract.program, UserScript) else None
+    )
+    fields: dict[str, object] = {
+        "hosts": list(contract.hosts),
+        "current_host": contract.current_host,
+        "current_instance_type": contract.current_instance_type,
+        "network_interface_name": contract.network_interface_name,
+        "hps": hyperparameters,
+        "user_entry_point": user_entry_point,
+        "module_name": user_entry_point,
+        "module_dir": str(paths.code_dir),
+        "channels": list(contract.channels),
+        "input_data_config": dict(contract.input_data_config),
+        "resource_config": dict(contract.resource_config),
+        "input_dir": str(paths.ml_root / "input"),
+        "input_config_dir": str(paths.config_dir),
+        "output_dir": str(paths.output_dir),
+        "output_data_dir": str(paths.output_dir / "data"),
+        "output_intermediate_dir": str(paths.output_dir / "intermediate"),
+        "model_dir": str(paths.model_dir),
+        "num_gpus": gpu_count,
+        "num_cpus": cpu_count,
+        "user_args": mapping.to_cmd_args(dict(contract.program_hyperparameters)),
+    }
+    for channel in contract.channels:
+        fields[f"channel_{channel}"] = str(paths.data_dir / channel)
+    for name, value in hyperparameters.items():
+        fields[f"hp_{name}"] = value
+    return mapping.to_env_vars(fields)
+
+
+def is_exportable(name: str) -> bool:
+    """The one filter for what crosses to other hosts (Horovod's env_util.is_exportable)."""
+    if _NEVER_FORWARD.match(name):
+        return False
+    return name in _FORWARD_NAMES or name.startswith(_FORWARD_PREFIXES)
+
+
+def rank_environment(
+    base_env: Mapping[str, str], sagemaker_env: Mapping[str, str], plan: JobPlan
+) -> dict[str, str]:
+    """The environment mpirun runs with: a copy of ours plus the toolkit's SM_* variables, the
+    interface pins and Horovod's stall shutdown (a user's own HOROVOD_*/NCCL_* values win)."""
+    env = dict(base_env)
+    env.update(sagemaker_env)
+    interface = plan.network_interface_name
+    env.setdefault("NCCL_SOCKET_IFNAME", interface)
+    env.setdefault("HOROVOD_GLOO_IFACE", interface)
+    for name, value in _HOROVOD_DEFAULTS.items():
+        env.setdefault(name, value)
+    env.pop(SSH_SEED_ENV, None)
+    return env
+
+
+def build_mpirun_argv(plan: JobPlan, env: Mapping[str, str]) -> list[str]:
+    """The full mpirun command. Variables are forwarded by name only (`-x NAME`): values stay
+    out of argv, so the logged command holds no secret and is deterministic."""
+    host_list = ",".join(f"{host}:{plan.ranks_per_host}" for host in plan.hosts)
+    interface = plan.network_interface_name
+    argv = [
+        "mpirun",
+        *_OMPI_FLAGS,
+        "-np", str(plan.total_ranks),
+        "-H", host_list,
+        "-mca", "btl_tcp_if_include", interface,
+        "-mca", "oob_tcp_if_include", interface,
+        "-mca", "plm_rsh_args", _RSH_ARGS,
+    ]  # fmt: skip
+    if plan.working_dir is not None:
+        argv += ["-wdir", str(plan.working_dir)]
+    for name in sorted(env):
+        if is_exportable(name):
+            argv += ["-x", name]
+    argv += list(plan.program_argv)
+    return argv
+
+
+def format_command(argv: list[str]) -> str:
+    """The command as a shell would read it, for the log (pip's format_command_args)."""
+    return shlex.join(argv)
+
+
+def job_result_text(exit_code: int, failure_line: str | None) -> str:
+    """What the master sends each worker when mpirun ends: the job's exit code and the reason."""
+    return json.dumps({"exit_code": exit_code, "failure": failure_line}, sort_keys=True)
+
+
+def parse_job_result(text: str) -> tuple[int, str | None]:
+    """The worker's side of job_result_text; anything malformed is a failure, never success."""
+    try:
+        value = json.loads(text)
+        exit_code = int(value["exit_code"])
+        failure = value.get("failure")
+    except (ValueError, KeyError, TypeError):
+        return 1, f"unreadable job result from the master: {text[:200]!r}"
+    return exit_code, failure if isinstance(failure, str) else None
