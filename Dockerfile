@@ -152,7 +152,8 @@ FROM build-${FLAVOR} AS build
 RUN --mount=type=cache,target=/root/.cache/pip \
     --mount=type=secret,id=ca,target=/etc/ssl/certs/ca-certificates.crt \
     set -eux; \
-    export PIP_CERT=/etc/ssl/certs/ca-certificates.crt MAKEFLAGS="-j$(nproc)"; \
+    MAKEFLAGS="-j$(nproc)"; \
+    export PIP_CERT=/etc/ssl/certs/ca-certificates.crt MAKEFLAGS; \
     pip wheel --no-deps --no-build-isolation --wheel-dir /wheels \
         -r /opt/requirements/requirements-build.txt
 
@@ -160,11 +161,12 @@ RUN --mount=type=cache,target=/root/.cache/pip \
 # hadolint ignore=DL3006
 FROM pydeps AS final
 ARG FLAVOR
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 
 # Horovod and the other compiled packages, from the build stage's wheels (no compiler here).
 RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
     set -eux; \
-    pip install --no-deps --no-index /wheels/*.whl; \
+    pip install --no-deps --no-index --no-cache-dir /wheels/*.whl; \
     pip check; \
     horovodrun --check-build | tee /tmp/check-build.txt; \
     grep -q '\[X\] TensorFlow' /tmp/check-build.txt; \
