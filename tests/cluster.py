@@ -1,0 +1,148 @@
+"""Several SageMaker "hosts" as containers on one user-defined Docker network.
+
+Each container gets its host name (algo-1, algo-2, ... as SageMaker gives them) as hostname and
+network alias, its own /opt/ml tree, and is started as SageMaker starts it: `IMAGE train`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import secrets
+import subprocess
+import time
+from collections.abc import Iterable, Mapping
+from datetime import datetime
+from pathlib import Path
+
+from tests.mltree import write_ml_tree
+
+
+def docker_command(docker: str, *args: str, timeout: float = 120, check: bool = True):
+    return subprocess.run(
+        [docker, *args], capture_output=True, text=True, timeout=timeout, check=check
+    )
+
+
+@dataclasses.dataclass
+class Cluster:
+    docker: str
+    image: str
+    root: Path
+    hosts: tuple[str, ...]
+    hyperparameters: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    # channel name -> host folder, bind-mounted read-only at /opt/ml/input/data/<channel>
+    channels: Mapping[str, Path] = dataclasses.field(default_factory=dict)
+    # host folder mounted at /opt/ml/code on every host (script mode), if any
+    code_dir: Path | None = None
+    env: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    # host folder shared by every host at /opt/ml/checkpoints (as S3 sync would make it)
+    checkpoint_dir: Path | None = None
+    prefix: str = dataclasses.field(default_factory=lambda: f"smhvd-{secrets.token_hex(3)}")
+
+    @property
+    def network(self) -> str:
+        return f"{self.prefix}-net"
+
+    def container(self, host: str) -> str:
+        return f"{self.prefix}-{host}"
+
+    def ml_root(self, host: str) -> Path:
+        return self.root / host
+
+    def __post_init__(self) -> None:
+        docker_command(self.docker, "network", "create", self.network)
+        for host in self.hosts:
+            write_ml_tree(
+                self.ml_root(host),
+                hosts=self.hosts,
+                current_host=host,
+                hyperparameters=self.hyperparameters,
+                channels=self.channels,
+            )
+
+    def start(self, hosts: Iterable[str] | None = None) -> None:
+        env = {"TRAINING_JOB_NAME": self.prefix, **self.env}
+        for host in hosts if hosts is not None else self.hosts:
+            args = [
+                "run", "--detach",
+                "--name", self.container(host),
+                "--hostname", host,
+                "--network", self.network,
+                "--network-alias", host,
+                "--volume", f"{self.ml_root(host)}:/opt/ml",
+            ]  # fmt: skip
+            for channel, folder in self.channels.items():
+                args += ["--volume", f"{folder}:/opt/ml/input/data/{channel}:ro"]
+            if self.code_dir is not None:
+                args += ["--volume", f"{self.code_dir}:/opt/ml/code:ro"]
+            if self.checkpoint_dir is not None:
+                args += ["--volume", f"{self.checkpoint_dir}:/opt/ml/checkpoints"]
+            for name, value in env.items():
+                args += ["--env", f"{name}={value}"]
+            docker_command(self.docker, *args, self.image, "train")
+
+    def wait(self, timeout: float, hosts: Iterable[str] | None = None) -> dict[str, int]:
+        """Exit code per host; raises TimeoutError naming the hosts still running."""
+        deadline = time.monotonic() + timeout
+        codes: dict[str, int] = {}
+        for host in hosts if hosts is not None else self.hosts:
+            remaining = max(1.0, deadline - time.monotonic())
+            try:
+                result = docker_command(
+                    self.docker, "wait", self.container(host), timeout=remaining
+                )
+            except subprocess.TimeoutExpired:
+                raise TimeoutError(f"{host} still running after {timeout:.0f} s") from None
+            codes[host] = int(result.stdout.strip())
+        return codes
+
+    def wait_for_log(self, host: str, text: str, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if text in self.logs(host):
+                return
+            time.sleep(0.25)
+        raise TimeoutError(f"{host} never logged {text!r}:\n{self.logs(host)[-3000:]}")
+
+    def exit_time(self, host: str) -> float:
+        """When the container exited, as a Unix time (from docker inspect)."""
+        finished = docker_command(
+            self.docker, "inspect", "--format", "{{.State.FinishedAt}}", self.container(host)
+        ).stdout.strip()
+        # 2026-11-22T01:02:03.123456789Z -> keep microseconds for datetime
+        head, _, frac = finished.rstrip("Z").partition(".")
+        return datetime.fromisoformat(f"{head}.{(frac + '000000')[:6]}+00:00").timestamp()
+
+    def logs(self, host: str) -> str:
+        result = docker_command(self.docker, "logs", self.container(host), check=False)
+        return result.stdout + result.stderr
+
+    def failure(self, host: str) -> str | None:
+        path = self.ml_root(host) / "output" / "failure"
+        return path.read_text().strip() if path.exists() else None
+
+    def kill(self, host: str, signal: str = "KILL") -> None:
+        docker_command(self.docker, "kill", "--signal", signal, self.container(host))
+
+    def stop(self, hosts: Iterable[str], timeout: int) -> list[subprocess.Popen]:
+        """`docker stop` each host concurrently, as SageMaker signals every host at once."""
+        return [
+            subprocess.Popen(
+                [self.docker, "stop", "--time", str(timeout), self.container(host)],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            for host in hosts
+        ]
+
+    def remove(self) -> None:
+        names = [self.container(host) for host in self.hosts]
+        docker_command(self.docker, "rm", "--force", *names, check=False)
+        docker_command(self.docker, "network", "rm", self.network, check=False)
+
+    def describe(self) -> str:
+        """All hosts' logs and failure files, for assertion messages."""
+        parts = []
+        for host in self.hosts:
+            parts.append(f"===== {host} (failure: {self.failure(host)})\n{self.logs(host)[-4000:]}")
+        return "\n".join(parts)

@@ -1,0 +1,107 @@
+"""Real clusters: containers on one Docker network, real sshd, real mpirun, real Horovod.
+
+Every test asserts contract outcomes only: exit codes, the failure file's reason, log lines.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.docker, pytest.mark.timeout(300)]
+
+PROGRAMS = Path(__file__).parent / "programs"
+# The issue's bound: any host or rank dying brings every host down within this.
+FAIL_FAST_S = 10.0
+
+
+def script_mode(seconds: float = 0.0, **extra: str) -> dict[str, str]:
+    hyperparameters = {"sagemaker_program": "allreduce.py", "host_wait_timeout": "60", **extra}
+    if seconds:
+        hyperparameters["seconds"] = str(seconds)
+    return hyperparameters
+
+
+@pytest.mark.parametrize("host_count", [2, 3])
+def test_allreduce_across_hosts(make_cluster, host_count):
+    cluster = make_cluster(host_count, hyperparameters=script_mode(), code_dir=PROGRAMS)
+    cluster.start()
+    codes = cluster.wait(timeout=180)
+    assert codes == dict.fromkeys(cluster.hosts, 0), cluster.describe()
+    master_log = cluster.logs("algo-1")
+    expected_sum = host_count * (host_count + 1) / 2
+    for rank, host in enumerate(cluster.hosts):
+        # --tag-output prefixes each rank's lines; each rank sees its own SM_CURRENT_HOST.
+        line = f"<stdout>:ALLREDUCE rank={rank} size={host_count} sum={expected_sum:g} host={host}"
+        assert re.search(rf"\[\d+,{rank}\]{re.escape(line)}", master_log), master_log
+    assert "mpirun --allow-run-as-root" in master_log
+    assert all(cluster.failure(host) is None for host in cluster.hosts)
+
+
+def test_two_ranks_per_host(make_cluster):
+    cluster = make_cluster(2, hyperparameters=script_mode(ranks_per_host="2"), code_dir=PROGRAMS)
+    cluster.start()
+    assert cluster.wait(timeout=180) == {"algo-1": 0, "algo-2": 0}, cluster.describe()
+    assert "size=4 sum=10" in cluster.logs("algo-1")
+
+
+def test_worker_killed_mid_run_fails_every_host(make_cluster):
+    cluster = make_cluster(3, hyperparameters=script_mode(seconds=120), code_dir=PROGRAMS)
+    cluster.start()
+    cluster.wait_for_log("algo-1", "RUNNING rank=2", timeout=120)
+    killed_at = time.time()
+    cluster.kill("algo-2")
+    codes = cluster.wait(timeout=60, hosts=["algo-1", "algo-3"])
+    assert codes["algo-1"] != 0 and codes["algo-3"] != 0, cluster.describe()
+    for host in ("algo-1", "algo-3"):
+        assert cluster.exit_time(host) - killed_at < FAIL_FAST_S, cluster.describe()
+        assert cluster.failure(host) is not None, cluster.describe()
+    assert cluster.failure("algo-1").startswith(("HostLost:", "TrainingFailed:"))
+
+
+def test_master_killed_mid_run_fails_the_workers(make_cluster):
+    cluster = make_cluster(2, hyperparameters=script_mode(seconds=120), code_dir=PROGRAMS)
+    cluster.start()
+    cluster.wait_for_log("algo-1", "RUNNING rank=1", timeout=120)
+    killed_at = time.time()
+    cluster.kill("algo-1")
+    codes = cluster.wait(timeout=60, hosts=["algo-2"])
+    assert codes["algo-2"] != 0, cluster.describe()
+    assert cluster.exit_time("algo-2") - killed_at < FAIL_FAST_S, cluster.describe()
+    assert cluster.failure("algo-2").startswith("MasterLost: master algo-1"), cluster.describe()
+
+
+def test_worker_that_never_starts(make_cluster):
+    cluster = make_cluster(2, hyperparameters=script_mode(host_wait_timeout="5"), code_dir=PROGRAMS)
+    cluster.start(hosts=["algo-1"])
+    started = time.time()
+    codes = cluster.wait(timeout=60, hosts=["algo-1"])
+    assert codes["algo-1"] != 0
+    assert cluster.exit_time("algo-1") - started < 5 + FAIL_FAST_S + 10, cluster.describe()
+    assert cluster.failure("algo-1") == (
+        "WorkerUnreachable: hosts algo-2 did not accept ssh within 5 s (on algo-1)"
+    )
+
+
+def test_sigterm_everywhere_checkpoints_then_stops(make_cluster, tmp_path):
+    checkpoints = tmp_path / "checkpoints"
+    checkpoints.mkdir()
+    cluster = make_cluster(
+        2,
+        hyperparameters=script_mode(seconds=120, sigterm_grace_seconds="30"),
+        code_dir=PROGRAMS,
+        checkpoint_dir=checkpoints,
+    )
+    cluster.start()
+    cluster.wait_for_log("algo-1", "RUNNING rank=1", timeout=120)
+    for stopper in cluster.stop(cluster.hosts, timeout=40):
+        stopper.wait(60)
+    codes = cluster.wait(timeout=10)
+    # 143 = 128 + SIGTERM: stopped, not succeeded; the ranks checkpointed first.
+    assert codes == {"algo-1": 143, "algo-2": 143}, cluster.describe()
+    assert (checkpoints / "stopped").read_text() == "checkpoint\n"
+    assert "STOPPED rank=1" in cluster.logs("algo-1")
+    assert cluster.failure("algo-1").startswith("Stopped:"), cluster.describe()
