@@ -103,6 +103,15 @@ Program = BuiltinProgram | UserScript
 
 
 @dataclasses.dataclass(frozen=True)
+class EntrypointSettings:
+    """The entry point's own hyperparameters."""
+
+    ranks_per_host: int | None = None
+    host_wait_timeout_s: float = DEFAULT_HOST_WAIT_TIMEOUT_S
+    sigterm_grace_s: float = DEFAULT_SIGTERM_GRACE_S
+
+
+@dataclasses.dataclass(frozen=True)
 class Contract:
     """What one host knows about the job before any process starts."""
 
@@ -119,9 +128,7 @@ class Contract:
     input_data_config: Mapping[str, Any]
     resource_config: Mapping[str, Any]
     program: Program
-    ranks_per_host: int | None
-    host_wait_timeout_s: float
-    sigterm_grace_s: float
+    settings: EntrypointSettings
     job_name: str | None
     job_arn: str | None
     paths: ContractPaths = ContractPaths()
@@ -129,6 +136,18 @@ class Contract:
     @property
     def master_host(self) -> str:
         return choose_master(self.hosts)
+
+    @property
+    def ranks_per_host(self) -> int | None:
+        return self.settings.ranks_per_host
+
+    @property
+    def host_wait_timeout_s(self) -> float:
+        return self.settings.host_wait_timeout_s
+
+    @property
+    def sigterm_grace_s(self) -> float:
+        return self.settings.sigterm_grace_s
 
     @property
     def is_master(self) -> bool:
@@ -198,6 +217,34 @@ def _positive_number(name: str, raw: Any, *, integer: bool) -> float:
         kind = "a positive integer" if integer else "a positive number of seconds"
         raise ContractError(f"hyperparameter {name}={text!r} is not {kind}")
     return number
+
+
+def parse_entrypoint_settings(hyperparameters: Mapping[str, Any]) -> EntrypointSettings:
+    """Read the entry point's own hyperparameters (decoded values); the launcher checks a job's
+    request with this same function before it is sent."""
+
+    def seconds(name: str, default: float) -> float:
+        if name not in hyperparameters:
+            return default
+        return _positive_number(name, hyperparameters[name], integer=False)
+
+    ranks = None
+    if RANKS_PER_HOST in hyperparameters:
+        ranks = int(_positive_number(RANKS_PER_HOST, hyperparameters[RANKS_PER_HOST], integer=True))
+    return EntrypointSettings(
+        ranks_per_host=ranks,
+        host_wait_timeout_s=seconds(HOST_WAIT_TIMEOUT, DEFAULT_HOST_WAIT_TIMEOUT_S),
+        sigterm_grace_s=seconds(SIGTERM_GRACE_SECONDS, DEFAULT_SIGTERM_GRACE_S),
+    )
+
+
+def program_hyperparameters(hyperparameters: Mapping[str, Any]) -> dict[str, str]:
+    """What the training program gets: all but the entry point's and the toolkit's own."""
+    return {
+        name: hyperparameter_text(value)
+        for name, value in sorted(hyperparameters.items())
+        if name not in ENTRYPOINT_HYPERPARAMETERS and not name.startswith(SAGEMAKER_PREFIX)
+    }
 
 
 def _parse_program(hyperparameters: Mapping[str, Any], env: Mapping[str, str]) -> Program:
@@ -307,32 +354,18 @@ def parse_contract(
         )
     decoded = _decode_hyperparameters(raw_hyperparameters, str(paths.hyperparameters))
     _check_channels(input_data_config, str(paths.input_data_config))
-
-    def seconds(name: str, default: float) -> float:
-        return _positive_number(name, decoded[name], integer=False) if name in decoded else default
-
     return Contract(
         current_host=current_host,
         hosts=tuple(sorted(hosts)),
         network_interface_name=interface,
         current_instance_type=str(resource_config.get("current_instance_type", "local")),
-        program_hyperparameters={
-            name: hyperparameter_text(value)
-            for name, value in sorted(decoded.items())
-            if name not in ENTRYPOINT_HYPERPARAMETERS and not name.startswith(SAGEMAKER_PREFIX)
-        },
+        program_hyperparameters=program_hyperparameters(decoded),
         all_hyperparameters=decoded,
         channels=tuple(sorted(input_data_config)),
         input_data_config=input_data_config,
         resource_config=resource_config,
         program=_parse_program(decoded, env),
-        ranks_per_host=(
-            int(_positive_number(RANKS_PER_HOST, decoded[RANKS_PER_HOST], integer=True))
-            if RANKS_PER_HOST in decoded
-            else None
-        ),
-        host_wait_timeout_s=seconds(HOST_WAIT_TIMEOUT, DEFAULT_HOST_WAIT_TIMEOUT_S),
-        sigterm_grace_s=seconds(SIGTERM_GRACE_SECONDS, DEFAULT_SIGTERM_GRACE_S),
+        settings=parse_entrypoint_settings(decoded),
         job_name=env.get("TRAINING_JOB_NAME") or None,
         job_arn=env.get("TRAINING_JOB_ARN") or None,
         paths=paths,
