@@ -354,6 +354,10 @@ def parse_contract(
         )
     decoded = _decode_hyperparameters(raw_hyperparameters, str(paths.hyperparameters))
     _check_channels(input_data_config, str(paths.input_data_config))
+    try:
+        settings = parse_entrypoint_settings(decoded)
+    except ContractError as error:
+        raise ContractError(f"{paths.hyperparameters}: {error}") from None
     return Contract(
         current_host=current_host,
         hosts=tuple(sorted(hosts)),
@@ -365,7 +369,7 @@ def parse_contract(
         input_data_config=input_data_config,
         resource_config=resource_config,
         program=_parse_program(decoded, env),
-        settings=parse_entrypoint_settings(decoded),
+        settings=settings,
         job_name=env.get("TRAINING_JOB_NAME") or None,
         job_arn=env.get("TRAINING_JOB_ARN") or None,
         paths=paths,

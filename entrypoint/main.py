@@ -37,8 +37,6 @@ from model.hparams import parse_hyperparameters
 
 log = logging.getLogger("entrypoint")
 
-NVIDIA_GPUS_DIR = Path("/proc/driver/nvidia/gpus")
-
 
 def configure_logging(host: str, role: str) -> None:
     """Logs go to stdout (SageMaker ships stdout to CloudWatch), host and role on every line."""
@@ -51,14 +49,6 @@ def configure_logging(host: str, role: str) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(logging.INFO)
-
-
-def detect_gpu_count() -> int:
-    """GPUs the NVIDIA driver exposes to this container; the instance type may be `local`."""
-    try:
-        return sum(1 for _ in NVIDIA_GPUS_DIR.iterdir())
-    except OSError:
-        return 0
 
 
 def _validate_program(contract_program, contract, paths: ContractPaths) -> None:
@@ -122,7 +112,7 @@ def run(env: Mapping[str, str], paths: ContractPaths) -> int:
         contract.network_interface_name,
     )
     _validate_program(contract.program, contract, paths)
-    gpu_count = detect_gpu_count()
+    gpu_count = supervise.detect_gpu_count()
     plan: JobPlan = make_plan(contract, gpu_count=gpu_count)
     if isinstance(contract.program, UserScript):
         _prepare_user_code(contract.program, paths)
