@@ -149,12 +149,13 @@ ENV CC=gcc-11 \
 # hadolint ignore=DL3006
 FROM build-${FLAVOR} AS build
 # --no-build-isolation: Horovod must compile against the tensorflow already in this venv.
-RUN --mount=type=cache,target=/root/.cache/pip \
-    --mount=type=secret,id=ca,target=/etc/ssl/certs/ca-certificates.crt \
+# --no-cache-dir: pip's wheel cache is keyed by version only, so a Horovod wheel compiled for
+# one flavor would be reused for the other (seen: a GPU image without NCCL).
+RUN --mount=type=secret,id=ca,target=/etc/ssl/certs/ca-certificates.crt \
     set -eux; \
     MAKEFLAGS="-j$(nproc)"; \
     export PIP_CERT=/etc/ssl/certs/ca-certificates.crt MAKEFLAGS; \
-    pip wheel --no-deps --no-build-isolation --wheel-dir /wheels \
+    pip wheel --no-cache-dir --no-deps --no-build-isolation --wheel-dir /wheels \
         -r /opt/requirements/requirements-build.txt
 
 ################################################################################################
