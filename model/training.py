@@ -1,0 +1,546 @@
+"""Training on one rank: Horovod + Keras, the way Horovod's own Keras examples do it.
+
+Every rank runs this. Each collective (gradient allreduce, metric averaging, the stop vote)
+must be reached by every rank in the same order, so every decision that ends or changes the
+loop is taken from values all ranks share: the sorted file listing, and allreduced numbers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import os
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import horovod.tensorflow as hvd_tf
+import horovod.tensorflow.keras as hvd
+import numpy as np
+import tensorflow as tf
+
+from model.checkpoints import (
+    WEIGHTS_PREFIX,
+    latest_checkpoint,
+    read_state,
+    save_checkpoint,
+)
+from model.export import export_model
+from model.hparams import Hyperparameters
+from model.images import (
+    EXAMPLES_IN_MESSAGE,
+    ImageListing,
+    available_memory_bytes,
+    cache_fits,
+    check_trainable,
+    check_unreadable,
+    list_channel,
+    shard,
+    steps_per_epoch,
+)
+from model.logline import format_epoch_line
+from model.networks import build_classifier
+from model.paths import TrainingPaths
+from model.pipeline import (
+    UnreadableImages,
+    decoded_images,
+    evaluation_batches,
+    training_batches,
+)
+from model.schedule import LearningRateSchedule
+from model.stopping import STOPPED_EXIT_CODE, StopRequest
+
+log = logging.getLogger(__name__)
+
+# Decoded images per batch when filling the cache before training.
+_WARM_BATCH = 256
+
+
+class CheckpointMismatchError(Exception):
+    """The checkpoint dir holds a checkpoint of another model, image size or class list."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Channel:
+    """One channel as this rank sees it."""
+
+    listing: ImageListing  # the whole channel
+    local: ImageListing  # this rank's shard
+    unreadable: UnreadableImages
+    decoded: tf.data.Dataset
+    cached: bool
+
+
+def _pin_devices() -> None:
+    gpus = tf.config.list_physical_devices("GPU")
+    for gpu in gpus:
+        tf.config.experimental.set_memory_growth(gpu, True)
+    if gpus:
+        # One GPU per rank; more ranks than GPUs share them round-robin rather than fail.
+        tf.config.set_visible_devices(gpus[hvd.local_rank() % len(gpus)], "GPU")
+    else:
+        # On CPUs, N ranks on a host with N x T threads each would thrash.
+        cores = len(os.sched_getaffinity(0))
+        threads = max(1, cores // hvd.local_size())
+        tf.config.threading.set_intra_op_parallelism_threads(threads)
+        tf.config.threading.set_inter_op_parallelism_threads(max(2, threads))
+
+
+def _sum_across_ranks(values: list[float], name: str) -> list[float]:
+    total = hvd_tf.allreduce(tf.constant(values, tf.float64), op=hvd_tf.Sum, name=name)
+    return [float(value) for value in total.numpy()]
+
+
+def _any_rank(flag: bool, name: str) -> bool:
+    """Whether `flag` is true on any rank; a collective every rank must call."""
+    agreed = hvd_tf.allreduce(tf.constant(int(flag), tf.int32), op=hvd_tf.Max, name=name)
+    return bool(agreed.numpy())
+
+
+def _barrier(name: str) -> None:
+    hvd_tf.allreduce(tf.constant(0, tf.int32), op=hvd_tf.Sum, name=name)
+
+
+def _abbreviate(names: tuple[str, ...], limit: int = 12) -> str:
+    if len(names) <= limit:
+        return ", ".join(names)
+    return f"{', '.join(names[: limit - 2])}, ..., {names[-1]}"
+
+
+def _open_channels(
+    params: Hyperparameters, paths: TrainingPaths, rank: int, ranks: int
+) -> dict[str, Channel]:
+    train = list_channel("train", paths.train)
+    check_trainable(train, ranks)
+    listings = {"train": train}
+    for name in ("validation", "test"):
+        root = paths.channel(name)
+        if root is not None:
+            listings[name] = list_channel(name, root, train.class_names)
+    locals_ = {name: shard(listing, rank, ranks) for name, listing in listings.items()}
+    local_images = sum(len(local) for local in locals_.values())
+    fits = cache_fits(local_images, params.image_size, available_memory_bytes(), hvd.local_size())
+    # Hosts may differ in free memory; caching changes which collectives run when, so either
+    # every rank caches or none does.
+    cached = not _any_rank(not fits, name="cache_vote")
+    if rank == 0:
+        sizes = ", ".join(f"{name}={len(listing)}" for name, listing in listings.items())
+        log.info(
+            "images: %s; %d classes: %s; decoded images %s",
+            sizes,
+            len(train.class_names),
+            _abbreviate(train.class_names),
+            "cached in memory" if cached else "decoded every epoch (too big to cache)",
+        )
+    channels: dict[str, Channel] = {}
+    for name, listing in listings.items():
+        unreadable = UnreadableImages()
+        decoded = decoded_images(
+            locals_[name],
+            image_size=params.image_size,
+            unreadable=unreadable,
+            cache=cached,
+            seed=params.seed + rank,
+        )
+        channels[name] = Channel(listing, locals_[name], unreadable, decoded, cached)
+    return channels
+
+
+def _check_channel(name: str, channel: Channel, max_fraction: float) -> None:
+    """Fail on every rank alike if too many of the channel's images are unreadable."""
+    bad, total = _sum_across_ranks(
+        [len(channel.unreadable), len(channel.local)], name=f"unreadable_{name}"
+    )
+    if total and bad / total > max_fraction:
+        # Only now, when every rank knows the job fails, gather examples from all of them.
+        examples = hvd_tf.allgather_object(
+            channel.unreadable.examples(EXAMPLES_IN_MESSAGE), name=f"unreadable_examples_{name}"
+        )
+        flat = [example for rank_examples in examples for example in rank_examples]
+        check_unreadable(name, int(bad), int(total), max_fraction, flat)
+
+
+def _fill_caches(channels: Mapping[str, Channel], max_fraction: float, stop: StopRequest) -> None:
+    """Decode every cached channel once before training, so unreadable images are counted
+    (and too many of them fail the job) before the first step, not after the last."""
+    for name, channel in channels.items():
+        if not channel.cached:
+            continue
+        started = time.monotonic()
+        for _ in channel.decoded.batch(_WARM_BATCH):
+            if stop.requested:
+                # Stop soon; the partly filled cache is dropped and the counts only shrink.
+                break
+        log.debug("decoded %s in %.1fs", name, time.monotonic() - started)
+        _check_channel(name, channel, max_fraction)
+
+
+class _Evaluator:
+    """Loss and accuracy over a whole channel: each rank sums over its shard, then the sums
+    are added up across ranks, so the result is exact whatever the shard sizes (averaging
+    per-rank means would not be)."""
+
+    def __init__(self, model: tf.keras.Model, batch_size: int) -> None:
+        self._model = model
+        self._batch_size = batch_size
+
+    @tf.function(reduce_retracing=True)
+    def _batch_sums(self, images: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
+        probabilities = self._model(images, training=False)
+        losses = tf.keras.losses.sparse_categorical_crossentropy(labels, probabilities)
+        predicted = tf.argmax(probabilities, axis=-1, output_type=tf.int32)
+        correct = tf.cast(tf.equal(predicted, tf.cast(labels, tf.int32)), tf.float64)
+        return tf.stack(
+            [
+                tf.reduce_sum(tf.cast(losses, tf.float64)),
+                tf.reduce_sum(correct),
+                tf.cast(tf.size(labels), tf.float64),
+            ]
+        )
+
+    def __call__(self, channel: Channel, name: str) -> dict[str, float]:
+        sums = np.zeros(3)
+        for images, labels in evaluation_batches(channel.decoded, self._batch_size):
+            sums += self._batch_sums(images, labels).numpy()
+        loss_sum, correct, count = _sum_across_ranks(list(sums), name=f"evaluate_{name}")
+        if count == 0:
+            return {"loss": math.nan, "accuracy": math.nan, "images": 0}
+        return {"loss": loss_sum / count, "accuracy": correct / count, "images": int(count)}
+
+
+class _LearningRateCallback(tf.keras.callbacks.Callback):
+    """Sets the rate before every batch from the (pure) schedule, at a fractional epoch."""
+
+    def __init__(
+        self, schedule: LearningRateSchedule, steps: int, optimizer: tf.keras.optimizers.Optimizer
+    ) -> None:
+        super().__init__()
+        self._schedule = schedule
+        self._steps = steps
+        self._optimizer = optimizer
+        self._epoch = 0
+
+    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+        self._epoch = epoch
+
+    def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
+        rate = self._schedule.rate_at(self._epoch + batch / self._steps)
+        self._optimizer.learning_rate.assign(rate)
+
+
+class _AgreedStopCallback(tf.keras.callbacks.Callback):
+    """After every batch, all ranks vote (allreduce max of a flag) on stopping, so that they
+    all stop after the same step even if SIGTERM reached only some hosts. A scalar allreduce
+    per step is small next to the gradients'."""
+
+    def __init__(self, stop: StopRequest) -> None:
+        super().__init__()
+        self._stop = stop
+        self.stopped = False
+
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        if _any_rank(self._stop.requested, name="stop_vote"):
+            self.stopped = True
+            self.model.stop_training = True
+
+
+class _TensorBoard:
+    """Epoch scalars, in the layout Keras' TensorBoard callback uses (train/ and validation/
+    runs, `epoch_` tags), written to every directory given."""
+
+    def __init__(self, directories: tuple[Path, ...]) -> None:
+        self._writers = {
+            run: [tf.summary.create_file_writer(str(directory / run)) for directory in directories]
+            for run in ("train", "validation")
+        }
+
+    def write(self, epoch: int, metrics: Mapping[str, float], learning_rate: float) -> None:
+        scalars = {
+            "train": {
+                "epoch_loss": metrics.get("loss"),
+                "epoch_accuracy": metrics.get("accuracy"),
+                "epoch_images_per_sec": metrics.get("images_per_sec"),
+                "epoch_learning_rate": learning_rate,
+            },
+            "validation": {
+                "epoch_loss": metrics.get("val_loss"),
+                "epoch_accuracy": metrics.get("val_accuracy"),
+            },
+        }
+        for run, values in scalars.items():
+            for writer in self._writers[run]:
+                with writer.as_default(step=epoch):
+                    for tag, value in values.items():
+                        if value is not None and math.isfinite(value):
+                            tf.summary.scalar(tag, value)
+                writer.flush()
+
+
+def _checkpoint_identity(params: Hyperparameters, class_names: tuple[str, ...]) -> dict:
+    """What must match for a checkpoint's weights to fit this job's model."""
+    return {"model": params.model, "image_size": params.image_size, "classes": list(class_names)}
+
+
+def _identity_differences(saved: Mapping[str, Any], current: Mapping[str, Any]) -> str:
+    def show(name: str, value: Any) -> str:
+        # Class lists can be long; their size and ends tell them apart well enough.
+        if name == "classes" and isinstance(value, list) and len(value) > 4:
+            return f"{len(value)} classes {value[0]}..{value[-1]}"
+        return str(value)
+
+    return ", ".join(
+        f"{name}={show(name, saved.get(name))} in the checkpoint, {show(name, current[name])} now"
+        for name in current
+        if saved.get(name) != current[name]
+    )
+
+
+def _resume(
+    checkpoint: tf.train.Checkpoint,
+    directory: Path,
+    identity: Mapping[str, Any],
+    rank: int,
+) -> tuple[int, dict[str, Any]]:
+    """Restore the newest checkpoint; returns (completed epochs, its saved state).
+
+    Rank 0 writes the checkpoints, so rank 0 decides which one to resume from. Every rank
+    that can see it (shared file system, or SageMaker's copy from S3 after a restart) reads
+    it; the others get the weights from the broadcast that follows.
+    """
+    found = latest_checkpoint(directory) if rank == 0 else None
+    # -1: no checkpoint (0 is one: stopped within the first epoch).
+    epoch = int(hvd_tf.broadcast_object(found[0] if found else -1, root_rank=0, name="resume"))
+    if epoch < 0:
+        return 0, {}
+    if found is None:
+        found = latest_checkpoint(directory)
+    if found is None or found[0] != epoch:
+        log.info("resuming from checkpoint epoch=%d (weights from rank 0)", epoch)
+        return epoch, {}
+    state = read_state(found[1])
+    saved_identity = state.get("identity", {})
+    if saved_identity != dict(identity):
+        raise CheckpointMismatchError(
+            f"the checkpoint {found[1]} does not fit this job "
+            f"({_identity_differences(saved_identity, identity)}): "
+            "give a job that trains another model its own checkpoint location"
+        )
+    checkpoint.read(str(found[1] / WEIGHTS_PREFIX)).assert_existing_objects_matched()
+    log.info("resuming from checkpoint epoch=%d (%s)", epoch, found[1])
+    return epoch, state
+
+
+def _optimizer_variables(optimizer: tf.keras.optimizers.Optimizer) -> list[tf.Variable]:
+    variables = optimizer.variables
+    return list(variables() if callable(variables) else variables)
+
+
+def _build_model(
+    params: Hyperparameters, num_classes: int, schedule: LearningRateSchedule
+) -> tuple[tf.keras.Model, tf.keras.optimizers.Optimizer]:
+    model = build_classifier(params.model, params.image_size, num_classes)
+    optimizer = hvd.DistributedOptimizer(tf.keras.optimizers.Adam(schedule.rate_at(0.0)))
+    model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    # Create the optimizer's slots now, so a checkpoint restores them at once and the initial
+    # broadcast covers them (Keras would otherwise create them in the first step).
+    optimizer.build(model.trainable_variables)
+    return model, optimizer
+
+
+class _Run:
+    """One rank's training run, from the first epoch to train to the export."""
+
+    def __init__(self, params: Hyperparameters, paths: TrainingPaths, stop: StopRequest) -> None:
+        self.params = params
+        self.paths = paths
+        self.stop = stop
+        self.rank, self.ranks = hvd.rank(), hvd.size()
+        self.channels = _open_channels(params, paths, self.rank, self.ranks)
+        self.train = self.channels["train"]
+        self.class_names = self.train.listing.class_names
+        self.steps = steps_per_epoch(len(self.train.listing), self.ranks, params.batch_size)
+        self.schedule = LearningRateSchedule(
+            params.learning_rate, self.ranks, params.warmup_epochs, params.epochs
+        )
+        self.model, self.optimizer = _build_model(params, len(self.class_names), self.schedule)
+        self.checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer)
+        self.identity = _checkpoint_identity(params, self.class_names)
+        self.evaluate = _Evaluator(self.model, params.batch_size)
+        self.tensorboard = _TensorBoard(paths.tensorboard_dirs) if self.rank == 0 else None
+        self.last_metrics: dict[str, float] = {}
+
+    def save(self, epochs_done: int, interrupted: bool) -> None:
+        if self.rank != 0:
+            return
+        target = save_checkpoint(
+            self.paths.checkpoint_dir,
+            epochs_done,
+            self.checkpoint.write,
+            {"identity": self.identity, "metrics": self.last_metrics, "interrupted": interrupted},
+        )
+        log.info("wrote checkpoint %s", target)
+
+    def stop_now(self, epochs_done: int, save_first: bool) -> int:
+        # Rank 0 writes, then the barrier keeps every rank alive until the checkpoint is on
+        # disk: mpirun kills all ranks as soon as one of them exits non-zero.
+        if save_first:
+            self.save(epochs_done, interrupted=True)
+        # Logged before the barrier: once the first rank exits, mpirun may drop the output
+        # the others have not had forwarded yet.
+        log.info(
+            "stopped by %s at step %d after %d complete epoch(s); exiting with %d",
+            self.stop.signal_name or "another rank's signal",
+            int(self.optimizer.iterations.numpy()),
+            epochs_done,
+            STOPPED_EXIT_CODE,
+        )
+        _barrier("stop_barrier")
+        return STOPPED_EXIT_CODE
+
+    def start(self) -> int:
+        """Resume, check the data, then train; returns the exit code."""
+        completed, state = _resume(
+            self.checkpoint, self.paths.checkpoint_dir, self.identity, self.rank
+        )
+        self.last_metrics = dict(state.get("metrics", {}))
+        # Same starting point everywhere: fresh weights, or rank 0's restored ones.
+        hvd_tf.broadcast_variables(
+            self.model.variables + _optimizer_variables(self.optimizer), root_rank=0
+        )
+        _fill_caches(self.channels, self.params.max_bad_fraction, self.stop)
+        if self.rank == 0:
+            log.info(
+                "training %s on %d rank(s): epochs=%d (done %d) steps_per_epoch=%d "
+                "batch_size=%d per rank, peak_learning_rate=%g",
+                self.params.model,
+                self.ranks,
+                self.params.epochs,
+                completed,
+                self.steps,
+                self.params.batch_size,
+                self.schedule.peak_rate,
+            )
+        if _any_rank(self.stop.requested, name="stop_vote_start"):
+            # Nothing trained yet: the newest checkpoint, if any, is still the truth.
+            return self.stop_now(completed, save_first=False)
+        code = self.train_epochs(completed)
+        if code == 0:
+            self.finish()
+        return code
+
+    def train_epochs(self, completed: int) -> int:
+        params = self.params
+        batches = training_batches(
+            self.train.local,
+            self.train.decoded,
+            image_size=params.image_size,
+            unreadable=self.train.unreadable,
+            cached=self.train.cached,
+            batch_size=params.batch_size,
+            seed=params.seed + self.rank,
+        )
+        agreed_stop = _AgreedStopCallback(self.stop)
+        callbacks = [
+            # Redundant after the explicit broadcast; kept as the guard Horovod documents,
+            # should anything create variables in the first step.
+            hvd.callbacks.BroadcastGlobalVariablesCallback(0),
+            # Before any callback that reads the epoch's metrics.
+            hvd.callbacks.MetricAverageCallback(),
+            _LearningRateCallback(self.schedule, self.steps, self.optimizer),
+            agreed_stop,
+        ]
+        for epoch in range(completed, params.epochs):
+            started = time.monotonic()
+            # One fit() per epoch: a stop vote can end it mid-epoch without Keras then
+            # running the validation it runs at the end of every epoch.
+            history = self.model.fit(
+                batches,
+                steps_per_epoch=self.steps,
+                initial_epoch=epoch,
+                epochs=epoch + 1,
+                callbacks=callbacks,
+                verbose=0,
+            )
+            seconds = time.monotonic() - started
+            if agreed_stop.stopped:
+                # Mid-epoch: the checkpoint counts `epoch` complete epochs but holds the
+                # weights of the steps since, so a restart repeats part of an epoch and
+                # loses nothing.
+                return self.stop_now(epoch, save_first=True)
+            self.end_epoch(epoch + 1, history.history, seconds)
+            # A signal that came during validation or checkpointing (after the last vote).
+            if _any_rank(self.stop.requested, name="stop_vote_epoch") and epoch + 1 < (
+                params.epochs
+            ):
+                return self.stop_now(epoch + 1, save_first=False)
+        return 0
+
+    def end_epoch(self, epochs_done: int, history: Mapping[str, list], seconds: float) -> None:
+        metrics = {name: float(values[-1]) for name, values in history.items()}
+        metrics["images_per_sec"] = self.steps * self.params.batch_size * self.ranks / seconds
+        if "validation" in self.channels:
+            validation = self.evaluate(self.channels["validation"], "validation")
+            metrics["val_loss"] = validation["loss"]
+            metrics["val_accuracy"] = validation["accuracy"]
+        self.last_metrics = metrics
+        if self.tensorboard is not None:
+            log.info(format_epoch_line(epochs_done, metrics))
+            self.tensorboard.write(epochs_done, metrics, self.schedule.rate_at(epochs_done))
+        self.save(epochs_done, interrupted=False)
+        if not self.train.cached:
+            _check_channel("train", self.train, self.params.max_bad_fraction)
+
+    def finish(self) -> None:
+        """Evaluate on the whole validation and test sets, count what was skipped, export."""
+        results: dict[str, Any] = {
+            "epochs": self.params.epochs,
+            "train": {
+                "loss": self.last_metrics.get("loss", math.nan),
+                "accuracy": self.last_metrics.get("accuracy", math.nan),
+            },
+        }
+        for name in ("validation", "test"):
+            if name in self.channels:
+                channel = self.channels[name]
+                if not channel.cached:
+                    _check_channel(name, channel, self.params.max_bad_fraction)
+                results[name] = self.evaluate(channel, name)
+        unreadable = {}
+        for name, channel in self.channels.items():
+            bad, total = _sum_across_ranks(
+                [len(channel.unreadable), len(channel.local)], name=f"unreadable_total_{name}"
+            )
+            unreadable[name] = int(bad)
+            if self.rank == 0:
+                log.info("skipped %d unreadable image(s) of %d in the %s channel", bad, total, name)
+        results["unreadable_images"] = unreadable
+        if self.rank != 0:
+            return
+        for name in ("validation", "test"):
+            if name in results:
+                log.info(
+                    "%s: loss=%.4f accuracy=%.4f images=%d",
+                    name,
+                    results[name]["loss"],
+                    results[name]["accuracy"],
+                    results[name]["images"],
+                )
+        target = export_model(
+            self.model, self.params.image_size, self.class_names, results, self.paths.model_dir
+        )
+        log.info("exported the model to %s", target)
+
+
+def run(params: Hyperparameters, paths: TrainingPaths, stop: StopRequest) -> int:
+    """Train, evaluate and export; returns the process exit code (0, or 143 when stopped).
+
+    Raises DataError for unusable channels, CheckpointMismatchError for a foreign checkpoint.
+    """
+    _pin_devices()
+    if hvd.rank() == 0:
+        log.info("hyperparameters: %s", params)
+    # Per rank, for distinct dropout masks; the initial weights come from rank 0 anyway.
+    tf.keras.utils.set_random_seed(params.seed + hvd.rank())
+    return _Run(params, paths, stop).start()
