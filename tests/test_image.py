@@ -45,7 +45,7 @@ def test_no_command_prints_usage_and_fails(docker, image):
 
 def test_train_is_our_entry_point_and_sshd_config_is_valid(docker, image):
     script = (
-        "set -e; head -5 \"$(command -v train)\"; "
+        'set -e; head -5 "$(command -v train)"; '
         "ssh-keygen -q -t ed25519 -N '' -f /tmp/k; "
         "/usr/sbin/sshd -T -o HostKey=/tmp/k | grep -iE '^(passwordauthentication|permitrootlogin)'"
     )
