@@ -70,27 +70,27 @@ ENV OMPI_ALLOW_RUN_AS_ROOT=1 \
 RUN python3 -m venv /opt/venv
 
 ################################################################################################
-FROM os AS pydeps-common
+FROM os AS pydeps-install
+ARG FLAVOR
 COPY docker/constraints.txt docker/requirements*.txt /opt/requirements/
-
-FROM pydeps-common AS pydeps-cpu
 # The secret, when given, replaces the system bundle for this one command only.
 RUN --mount=type=cache,target=/root/.cache/pip \
     --mount=type=secret,id=ca,target=/etc/ssl/certs/ca-certificates.crt \
     set -eux; \
     export PIP_CERT=/etc/ssl/certs/ca-certificates.crt; \
-    pip install -r /opt/requirements/requirements-cpu.txt
+    pip install -r "/opt/requirements/requirements-${FLAVOR}.txt"
 
-FROM pydeps-common AS pydeps-gpu
-RUN --mount=type=cache,target=/root/.cache/pip \
-    --mount=type=secret,id=ca,target=/etc/ssl/certs/ca-certificates.crt \
-    set -eux; \
-    export PIP_CERT=/etc/ssl/certs/ca-certificates.crt; \
-    pip install -r /opt/requirements/requirements-gpu.txt
-# tensorflow 2.14 and Horovod load CUDA, cuDNN and NCCL from the nvidia-*-cu11 wheels; the
-# driver's libcuda.so.1 is mounted by the NVIDIA container runtime (SageMaker's GPU hosts).
-# https://github.com/tensorflow/tensorflow/issues/61468
+FROM pydeps-install AS pydeps-cpu
+
+FROM pydeps-install AS pydeps-gpu
+# tensorflow 2.14 and Horovod load CUDA, cuDNN and NCCL from the nvidia-*-cu11 wheels, which
+# the loader only finds on LD_LIBRARY_PATH; the driver's libcuda.so.1 is mounted by the NVIDIA
+# container runtime (SageMaker's GPU hosts).
+# https://github.com/tensorflow/tensorflow/issues/65842
+# XLA looks for libdevice and ptxas under /usr/local/cuda unless told where the wheel put them.
+# https://github.com/tensorflow/tensorflow/issues/59013
 ENV NVIDIA_VISIBLE_DEVICES=all \
+    XLA_FLAGS=--xla_gpu_cuda_data_dir=/opt/venv/lib/python3.11/site-packages/nvidia/cuda_nvcc \
     NVIDIA_DRIVER_CAPABILITIES=compute,utility \
     LD_LIBRARY_PATH=/opt/venv/lib/python3.11/site-packages/nvidia/cublas/lib:/opt/venv/lib/python3.11/site-packages/nvidia/cuda_cupti/lib:/opt/venv/lib/python3.11/site-packages/nvidia/cuda_runtime/lib:/opt/venv/lib/python3.11/site-packages/nvidia/cudnn/lib:/opt/venv/lib/python3.11/site-packages/nvidia/cufft/lib:/opt/venv/lib/python3.11/site-packages/nvidia/curand/lib:/opt/venv/lib/python3.11/site-packages/nvidia/cusolver/lib:/opt/venv/lib/python3.11/site-packages/nvidia/cusparse/lib:/opt/venv/lib/python3.11/site-packages/nvidia/nccl/lib
 

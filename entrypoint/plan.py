@@ -51,6 +51,7 @@ _FORWARD_NAMES = frozenset(
         "PYTHONDONTWRITEBYTECODE",
         "TRAINING_JOB_ARN",
         "TRAINING_JOB_NAME",
+        "XLA_FLAGS",
         "AWS_REGION",
         "AWS_DEFAULT_REGION",
         "AWS_ENDPOINT_URL",
