@@ -149,14 +149,6 @@ class Contract:
     def sigterm_grace_s(self) -> float:
         return self.settings.sigterm_grace_s
 
-    @property
-    def is_master(self) -> bool:
-        return self.current_host == self.master_host
-
-    @property
-    def worker_hosts(self) -> tuple[str, ...]:
-        return tuple(host for host in self.hosts if host != self.master_host)
-
 
 def choose_master(hosts: tuple[str, ...]) -> str:
     """The master is the first host of the sorted list: algo-1 on SageMaker, and still a single

@@ -103,7 +103,7 @@ def _install_ssh_keys(env: Mapping[str, str]) -> None:
 
 def run(env: Mapping[str, str], paths: ContractPaths) -> int:
     contract = read_contract(paths, env)
-    role = "master" if contract.is_master else "worker"
+    role = "master" if contract.current_host == contract.master_host else "worker"
     configure_logging(contract.current_host, role)
     log.info(
         "job %s: hosts %s, interface %s",

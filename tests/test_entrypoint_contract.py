@@ -16,6 +16,7 @@ from entrypoint.contract import (
     parse_contract,
     read_contract,
 )
+from entrypoint.plan import make_plan
 
 RESOURCE = {
     "current_host": "algo-2",
@@ -39,8 +40,9 @@ def test_hosts_are_sorted_and_the_first_is_master():
     assert contract.hosts == ("algo-1", "algo-2", "algo-3")
     assert contract.master_host == "algo-1"
     assert contract.current_host == "algo-2"
-    assert not contract.is_master
-    assert contract.worker_hosts == ("algo-2", "algo-3")
+    plan = make_plan(contract, gpu_count=0)
+    assert not plan.is_master
+    assert plan.worker_hosts == ("algo-2", "algo-3")
     assert contract.current_instance_type == "ml.p4d.24xlarge"
 
 
@@ -52,7 +54,7 @@ def test_environment_overrides_the_resource_config():
     contract = parse(env={"SM_HOSTS": '["h-b","h-a"]', "SM_CURRENT_HOST": "h-a"})
     assert contract.hosts == ("h-a", "h-b")
     assert contract.current_host == "h-a"
-    assert contract.is_master
+    assert contract.master_host == contract.current_host
 
 
 def test_hyperparameters_are_decoded_and_split():
