@@ -77,6 +77,19 @@ def make_cluster(tmp_path: Path, docker: str, image: str) -> Iterator:
         cluster.remove()
 
 
+@pytest.fixture
+def fake_aws_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Credentials and a region for botocore's Stubber and moto; no request leaves the machine."""
+    for key, value in {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_SESSION_TOKEN": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+
+
 @pytest.fixture(scope="session")
 def digits_dir(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The real digits image data set as PNG class folders: train/validation/test."""

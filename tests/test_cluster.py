@@ -48,29 +48,30 @@ def test_two_ranks_per_host(make_cluster):
     assert "size=4 sum=10" in cluster.logs("algo-1")
 
 
-def test_worker_killed_mid_run_fails_every_host(make_cluster):
-    cluster = make_cluster(3, hyperparameters=script_mode(seconds=120), code_dir=PROGRAMS)
+def kill_mid_run(make_cluster, host_count: int, victim: str):
+    """Start a long job, kill `victim` once every rank runs, and check that every other host
+    exits non-zero within FAIL_FAST_S with a failure recorded. Returns the cluster."""
+    cluster = make_cluster(host_count, hyperparameters=script_mode(seconds=120), code_dir=PROGRAMS)
     cluster.start()
-    cluster.wait_for_log("algo-1", "RUNNING rank=2", timeout=120)
+    cluster.wait_for_log("algo-1", f"RUNNING rank={host_count - 1}", timeout=120)
     killed_at = time.time()
-    cluster.kill("algo-2")
-    codes = cluster.wait(timeout=60, hosts=["algo-1", "algo-3"])
-    assert codes["algo-1"] != 0 and codes["algo-3"] != 0, cluster.describe()
-    for host in ("algo-1", "algo-3"):
+    cluster.kill(victim)
+    survivors = [host for host in cluster.hosts if host != victim]
+    codes = cluster.wait(timeout=60, hosts=survivors)
+    for host in survivors:
+        assert codes[host] != 0, cluster.describe()
         assert cluster.exit_time(host) - killed_at < FAIL_FAST_S, cluster.describe()
         assert cluster.failure(host) is not None, cluster.describe()
+    return cluster
+
+
+def test_worker_killed_mid_run_fails_every_host(make_cluster):
+    cluster = kill_mid_run(make_cluster, 3, victim="algo-2")
     assert cluster.failure("algo-1").startswith(("HostLost:", "TrainingFailed:"))
 
 
 def test_master_killed_mid_run_fails_the_workers(make_cluster):
-    cluster = make_cluster(2, hyperparameters=script_mode(seconds=120), code_dir=PROGRAMS)
-    cluster.start()
-    cluster.wait_for_log("algo-1", "RUNNING rank=1", timeout=120)
-    killed_at = time.time()
-    cluster.kill("algo-1")
-    codes = cluster.wait(timeout=60, hosts=["algo-2"])
-    assert codes["algo-2"] != 0, cluster.describe()
-    assert cluster.exit_time("algo-2") - killed_at < FAIL_FAST_S, cluster.describe()
+    cluster = kill_mid_run(make_cluster, 2, victim="algo-1")
     assert cluster.failure("algo-2").startswith("MasterLost: master algo-1"), cluster.describe()
 
 

@@ -16,6 +16,9 @@ from launch.cli import sagemaker_input_shape, training_instance_types
 from launch.errors import LaunchError
 from model.logline import metric_definitions
 
+# botocore needs credentials and a region even for stubbed and moto calls.
+pytestmark = pytest.mark.usefixtures("fake_aws_credentials")
+
 SEED = "5e" * 32
 ROLE = "arn:aws:iam::123456789012:role/SmHorovodTraining"
 IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/sm-horovod:cpu-0123456789ab"
@@ -190,18 +193,6 @@ CONFIGS = {
         BASE, input_mode="Pipe", channels=(rq.parse_channel("train=s3://b/t"),)
     ),
 }
-
-
-@pytest.fixture(autouse=True)
-def _fake_aws(monkeypatch: pytest.MonkeyPatch) -> None:
-    for key, value in {
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_SESSION_TOKEN": "testing",
-        "AWS_DEFAULT_REGION": "us-east-1",
-    }.items():
-        monkeypatch.setenv(key, value)
-    monkeypatch.delenv("AWS_PROFILE", raising=False)
 
 
 def test_base_request_is_exact() -> None:

@@ -28,6 +28,9 @@ from launch import train as train_mod
 from launch.errors import LaunchError
 from launch.gitsha import git_sha
 
+# botocore needs credentials and a region even for stubbed and moto calls.
+pytestmark = pytest.mark.usefixtures("fake_aws_credentials")
+
 REPO = Path(__file__).resolve().parent.parent
 REGION = "us-east-1"
 ROLE = "arn:aws:iam::123456789012:role/SmHorovodTraining"
@@ -52,18 +55,6 @@ STACK_TEMPLATE = {
         "BucketName": {"Value": {"Ref": "Bucket"}},
     },
 }
-
-
-@pytest.fixture(autouse=True)
-def _fake_aws(monkeypatch: pytest.MonkeyPatch) -> None:
-    for key, value in {
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_SESSION_TOKEN": "testing",
-        "AWS_DEFAULT_REGION": REGION,
-    }.items():
-        monkeypatch.setenv(key, value)
-    monkeypatch.delenv("AWS_PROFILE", raising=False)
 
 
 @pytest.fixture
@@ -298,7 +289,8 @@ def test_train_creates_uploads_waits_and_streams_every_host(
         assert "train.py" in tar.getnames()
 
 
-def test_each_job_gets_a_fresh_seed(aws: None, monkeypatch: pytest.MonkeyPatch) -> None:
+def record_seeds(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Make the CLI's boto3 session record the ssh seed of every CreateTrainingJob it sends."""
     session = boto3.session.Session(region_name=REGION)
     seeds: list[str] = []
     session.events.register(
@@ -306,6 +298,11 @@ def test_each_job_gets_a_fresh_seed(aws: None, monkeypatch: pytest.MonkeyPatch) 
         lambda params, **_: seeds.append(params["Environment"]["SM_HVD_SSH_SEED"]),
     )
     monkeypatch.setattr(cli, "_session", lambda region: session)
+    return seeds
+
+
+def test_each_job_gets_a_fresh_seed(aws: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    seeds = record_seeds(monkeypatch)
     for name in ("j-5", "j-6"):
         assert cli.main(["train", "--no-wait", *REQUIRED, "--job-name", name]) == 0
     assert len(seeds) == 2
@@ -459,13 +456,7 @@ def test_verbose_logging_never_shows_the_seed(
     caplog: pytest.LogCaptureFixture,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    session = boto3.session.Session(region_name=REGION)
-    seeds: list[str] = []
-    session.events.register(
-        "provide-client-params.sagemaker.CreateTrainingJob",
-        lambda params, **_: seeds.append(params["Environment"]["SM_HVD_SSH_SEED"]),
-    )
-    monkeypatch.setattr(cli, "_session", lambda region: session)
+    seeds = record_seeds(monkeypatch)
     caplog.set_level(logging.DEBUG)
     code, out, err = run_main(["train", "-v", "--no-wait", *REQUIRED, "--job-name", "j-10"], capsys)
     assert code == 0, err

@@ -28,22 +28,13 @@ from launch import push as push_mod
 from launch.docker import Docker
 from launch.errors import LaunchError
 
+# botocore needs credentials and a region even for stubbed and moto calls.
+pytestmark = pytest.mark.usefixtures("fake_aws_credentials")
+
 REPO = Path(__file__).resolve().parent.parent
 SHA = "0123456789ab"
 ECR_HOST = "123456789012.dkr.ecr.us-east-1.amazonaws.com"
 PASSWORD = "ecr-token-password-never-on-argv"  # noqa: S105  (a fake for the test)
-
-
-@pytest.fixture(autouse=True)
-def _fake_aws(monkeypatch: pytest.MonkeyPatch) -> None:
-    for key, value in {
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_SESSION_TOKEN": "testing",
-        "AWS_DEFAULT_REGION": "us-east-1",
-    }.items():
-        monkeypatch.setenv(key, value)
-    monkeypatch.delenv("AWS_PROFILE", raising=False)
 
 
 # --- pure --------------------------------------------------------------------------------
@@ -459,3 +450,24 @@ def test_ecr_flow_against_a_local_registry(
     auths = json.loads((tmp_path / "docker-config" / "config.json").read_text())["auths"]
     assert registry in auths
     assert _pull_id(docker_cmd.split(), uri) == image_id
+
+
+@pytest.mark.docker  # the real CPU image, tagged at HEAD by `make build FLAVOR=cpu`
+@pytest.mark.timeout(900)
+def test_make_push_of_the_cpu_image_to_a_local_registry(docker_cmd: str, registry: str) -> None:
+    """The acceptance path itself: `make push FLAVOR=cpu REGISTRY=...` with the image the
+    tests run, then a pull of the printed URI gives the same image ID."""
+    image = os.environ.get("SM_IMAGE", "sm-horovod:cpu").split(":")[0]
+    done = subprocess.run(
+        ["make", "push", "FLAVOR=cpu", f"IMAGE={image}", f"REGISTRY={registry}",
+         f"DOCKER={docker_cmd}"],
+        cwd=REPO, capture_output=True, text=True, timeout=800, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    uri = done.stdout.strip().splitlines()[-1]
+    assert uri.startswith(f"{registry}/{image}:cpu-"), done.stdout
+    local_id = subprocess.run(
+        [*docker_cmd.split(), "image", "inspect", "--format", "{{.Id}}", f"{image}:cpu"],
+        check=True, capture_output=True, text=True, timeout=60,
+    ).stdout.strip()  # fmt: skip
+    assert _pull_id(docker_cmd.split(), uri) == local_id
