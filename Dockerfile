@@ -72,13 +72,18 @@ RUN python3 -m venv /opt/venv
 ################################################################################################
 FROM os AS pydeps-install
 ARG FLAVOR
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 COPY docker/constraints.txt docker/requirements*.txt /opt/requirements/
 # The secret, when given, replaces the system bundle for this one command only.
 RUN --mount=type=cache,target=/root/.cache/pip \
     --mount=type=secret,id=ca,target=/etc/ssl/certs/ca-certificates.crt \
     set -eux; \
     export PIP_CERT=/etc/ssl/certs/ca-certificates.crt; \
-    pip install -r "/opt/requirements/requirements-${FLAVOR}.txt"
+    pip install -r "/opt/requirements/requirements-${FLAVOR}.txt"; \
+# Third-party test suites ship throwaway private keys (gevent/tests/*.key, *.pem). No private
+# key may be in any layer, so they are deleted in the layer that installed them.
+    { grep -rlZ --include='*.pem' --include='*.key' -e 'PRIVATE KEY-----' /opt/venv/lib || true; } \
+        | xargs -0r rm -v
 
 FROM pydeps-install AS pydeps-cpu
 
