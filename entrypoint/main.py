@@ -13,8 +13,6 @@ import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from sagemaker_training import files
-
 from entrypoint import sshkeys, supervise
 from entrypoint.contract import (
     BuiltinProgram,
@@ -66,6 +64,10 @@ def _validate_program(contract_program, contract, paths: ContractPaths) -> None:
 def _prepare_user_code(program: UserScript, paths: ContractPaths) -> None:
     """Script mode: every host fetches the user's code before it serves ssh, so a worker that
     answers the master is a worker that can run the script."""
+    # Imported here, not at the top: it pulls in boto3, a fifth of the entry point's start-up,
+    # and only script mode needs it.
+    from sagemaker_training import files  # noqa: PLC0415
+
     if program.submit_dir != str(paths.code_dir):
         log.info("fetching the user's code from %s", program.submit_dir)
         try:

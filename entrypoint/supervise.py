@@ -34,9 +34,12 @@ log = logging.getLogger("entrypoint")
 RUN_DIR = Path("/run/sm-horovod")
 JOB_RESULT = RUN_DIR / "job-result"
 SSHD = "/usr/sbin/sshd"
-SSH_PORT = 22
+# Every host's entry point answers TCP connections here while it runs, so peers can tell a
+# live host from a dead one without touching sshd (whose logs would fill with the probes).
+# MPI's own TCP traffic uses ephemeral ports (32768 and up), so this one is free.
+LIVENESS_PORT = 22000
 
-POLL_INTERVAL_S = 0.2
+POLL_INTERVAL_S = 0.1
 PROBE_INTERVAL_S = 1.0
 PROBE_TIMEOUT_S = 1.0
 # Consecutive failed probes of a host that answered before: about 3 s to call it lost.
@@ -157,7 +160,7 @@ def detect_gpu_count() -> int:
     return sum(1 for line in listing.splitlines() if line.startswith("GPU "))
 
 
-def tcp_answers(host: str, port: int = SSH_PORT, timeout: float = PROBE_TIMEOUT_S) -> bool:
+def tcp_answers(host: str, port: int = LIVENESS_PORT, timeout: float = PROBE_TIMEOUT_S) -> bool:
     try:
         with socket.create_connection((host, port), timeout=timeout):
             return True
@@ -165,8 +168,29 @@ def tcp_answers(host: str, port: int = SSH_PORT, timeout: float = PROBE_TIMEOUT_
         return False
 
 
+class LivenessServer:
+    """Accepts and closes connections on LIVENESS_PORT in a background thread: a peer that can
+    connect knows this host's entry point is alive."""
+
+    def __init__(self) -> None:
+        self._socket = socket.create_server(("", LIVENESS_PORT), reuse_port=True)
+        self._thread = threading.Thread(target=self._serve, name="liveness", daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                connection, _ = self._socket.accept()
+            except OSError:
+                return  # closed
+            connection.close()
+
+    def close(self) -> None:
+        self._socket.close()
+
+
 class HostProbe:
-    """Probes hosts' sshd ports in a background thread. A host is lost after it answered once
+    """Probes hosts' liveness ports in a background thread. A host is lost after it answered once
     and then failed PROBE_FAILURES_TO_LOSE probes in a row; one that never answered is not."""
 
     def __init__(self, hosts: Iterable[str]) -> None:
@@ -210,53 +234,119 @@ def _ssh_argv(host: str, command: str, connect_timeout_s: int) -> list[str]:
     return ["ssh", "-o", f"ConnectTimeout={connect_timeout_s}", host, command]
 
 
+def _ssh_true(host: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        _ssh_argv(host, "true", 2),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
 def wait_for_workers(workers: tuple[str, ...], timeout_s: float, stop: threading.Event) -> None:
-    """Until every worker's sshd accepts the job key (`ssh host true`), or raise. Attempts run
-    in parallel; a refused or unresolvable host is retried at sub-second intervals."""
+    """Until every worker's sshd accepts the job key (`ssh host true`), or raise. Each host is
+    tried on its own: a refused or unresolvable one is retried 0.2 s after its last attempt, so
+    the slowest host does not hold back the others' checks."""
     deadline = time.monotonic() + timeout_s
-    pending = set(workers)
+    attempts: dict[str, subprocess.Popen[bytes] | None] = dict.fromkeys(workers)
+    retry_at = dict.fromkeys(workers, 0.0)
     log.info("waiting up to %.0f s for workers: %s", timeout_s, ", ".join(workers))
-    while pending:
-        attempts = {
+    try:
+        while attempts:
+            now = time.monotonic()
+            for host, attempt in list(attempts.items()):
+                if attempt is None:
+                    if now >= retry_at[host]:
+                        attempts[host] = _ssh_true(host)
+                    continue
+                code = attempt.poll()
+                if code == 0:
+                    del attempts[host]
+                    log.info("worker %s is ready", host)
+                elif code is not None:
+                    attempts[host] = None
+                    retry_at[host] = now + 0.2
+            if not attempts:
+                break
+            if stop.is_set():
+                raise JobError(
+                    Reason.STOPPED, "stopped while waiting for workers", STOPPED_EXIT_CODE
+                )
+            if now >= deadline:
+                raise JobError(
+                    Reason.WORKER_UNREACHABLE,
+                    f"hosts {', '.join(sorted(attempts))} did not accept ssh within "
+                    f"{timeout_s:.0f} s",
+                )
+            stop.wait(0.05)
+    finally:
+        for attempt in attempts.values():
+            if attempt is not None and attempt.poll() is None:
+                attempt.kill()
+                attempt.wait()
+
+
+# The worker writes the verdict only once a whole line arrived: a session cut short (the master
+# died) leaves no file, and the worker reports the master lost instead of a garbled result.
+_WRITE_RESULT = (
+    f'IFS= read -r result && printf "%s\\n" "$result" > {JOB_RESULT}.tmp '
+    f"&& mv -f {JOB_RESULT}.tmp {JOB_RESULT}"
+)
+
+
+class ResultChannels:
+    """One ssh session per worker, opened while the job runs and idle until its end, so telling
+    the workers the verdict costs a write instead of an ssh handshake per worker."""
+
+    def __init__(self, workers: tuple[str, ...]) -> None:
+        self._sessions = {
             host: subprocess.Popen(
-                _ssh_argv(host, "true", 2),
-                stdin=subprocess.DEVNULL,
+                _ssh_argv(host, _WRITE_RESULT, 5),
+                stdin=subprocess.PIPE,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
             )
-            for host in sorted(pending)
+            for host in workers
         }
-        for host, attempt in attempts.items():
+
+    def send(self, exit_code: int, failure_line: str | None) -> list[str]:
+        """Write the verdict to every open session; returns the workers it did not reach."""
+        line = job_result_text(exit_code, failure_line).encode() + b"\n"
+        for session in self._sessions.values():
+            if session.poll() is None and session.stdin is not None:
+                with contextlib.suppress(OSError):
+                    session.stdin.write(line)
+                    session.stdin.close()
+        deadline = time.monotonic() + KILL_WAIT_S
+        missed = []
+        for host, session in self._sessions.items():
             try:
-                code = attempt.wait(timeout=10)
+                code = session.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                attempt.kill()
-                attempt.wait()
+                session.kill()
+                session.wait()
                 code = None
             if code == 0:
-                pending.discard(host)
-                log.info("worker %s is ready", host)
-        if not pending:
-            break
-        if stop.is_set():
-            raise JobError(Reason.STOPPED, "stopped while waiting for workers", STOPPED_EXIT_CODE)
-        if time.monotonic() >= deadline:
-            raise JobError(
-                Reason.WORKER_UNREACHABLE,
-                f"hosts {', '.join(sorted(pending))} did not accept ssh within {timeout_s:.0f} s",
-            )
-        stop.wait(0.5)
+                log.info("told %s the job's exit code %d", host, exit_code)
+            else:
+                missed.append(host)
+        return missed
+
+    def close(self) -> None:
+        for session in self._sessions.values():
+            if session.poll() is None:
+                session.kill()
+                session.wait()
 
 
 def notify_workers(workers: tuple[str, ...], exit_code: int, failure_line: str | None) -> None:
     """Tell every worker the job's result; a worker that cannot be reached is already gone."""
     if not workers:
         return
-    payload = job_result_text(exit_code, failure_line).encode()
-    command = f"cat > {JOB_RESULT}.tmp && mv -f {JOB_RESULT}.tmp {JOB_RESULT}"
+    payload = job_result_text(exit_code, failure_line).encode() + b"\n"
     sends = {
         host: subprocess.Popen(
-            _ssh_argv(host, command, 5),
+            _ssh_argv(host, _WRITE_RESULT, 5),
             stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -367,9 +457,11 @@ def run_master(
     stop: threading.Event,
     command_for_log: str,
 ) -> int:
+    liveness = LivenessServer() if plan.is_multi_host else None
     sshd = Sshd(plan.current_host) if plan.is_multi_host else None
     workers = plan.worker_hosts
     probe: HostProbe | None = None
+    channels: ResultChannels | None = None
     failure: JobError | None = None
     exit_code = 0
     try:
@@ -378,6 +470,7 @@ def run_master(
             if sshd:
                 sshd.check_alive()
             probe = HostProbe(workers)
+            channels = ResultChannels(workers)
         log.info(
             "running %d ranks on %d hosts: %s", plan.total_ranks, len(plan.hosts), command_for_log
         )
@@ -413,9 +506,14 @@ def run_master(
     if failure is not None:
         exit_code = failure.exit_code
         failure_line = _record(config.output_dir, failure, plan.current_host)
-    notify_workers(workers, exit_code, failure_line)
+    unreached = channels.send(exit_code, failure_line) if channels else list(workers)
+    notify_workers(tuple(unreached), exit_code, failure_line)
+    if channels:
+        channels.close()
     if sshd:
         sshd.stop()
+    if liveness:
+        liveness.close()
     return exit_code
 
 
@@ -507,6 +605,7 @@ def _reason_from(text: str) -> Reason:
 
 def run_worker(plan: JobPlan, config: ShellConfig, stop: threading.Event) -> int:
     JOB_RESULT.unlink(missing_ok=True)
+    liveness = LivenessServer()
     sshd = Sshd(plan.current_host)
     try:
         exit_code = _watch_as_worker(plan, config, stop)
@@ -515,6 +614,7 @@ def run_worker(plan: JobPlan, config: ShellConfig, stop: threading.Event) -> int
         exit_code = failure.exit_code
     finally:
         sshd.stop()
+        liveness.close()
     return exit_code
 
 
