@@ -459,13 +459,15 @@ def test_make_push_of_the_cpu_image_to_a_local_registry(docker_cmd: str, registr
     tests run, then a pull of the printed URI gives the same image ID."""
     image = os.environ.get("SM_IMAGE", "sm-horovod:cpu").split(":")[0]
     done = subprocess.run(
-        ["make", "push", "FLAVOR=cpu", f"IMAGE={image}", f"REGISTRY={registry}",
-         f"DOCKER={docker_cmd}"],
+        # -s and --no-print-directory: under `make test` this is a sub-make, whose
+        # "Entering/Leaving directory" lines would otherwise surround the printed URI.
+        ["make", "-s", "--no-print-directory", "push", "FLAVOR=cpu", f"IMAGE={image}",
+         f"REGISTRY={registry}", f"DOCKER={docker_cmd}"],
         cwd=REPO, capture_output=True, text=True, timeout=800, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
-    uri = done.stdout.strip().splitlines()[-1]
-    assert uri.startswith(f"{registry}/{image}:cpu-"), done.stdout
+    assert done.stdout.startswith(f"{registry}/{image}:cpu-"), done.stdout
+    uri = done.stdout.strip()
     local_id = subprocess.run(
         [*docker_cmd.split(), "image", "inspect", "--format", "{{.Id}}", f"{image}:cpu"],
         check=True, capture_output=True, text=True, timeout=60,
