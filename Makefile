@@ -136,6 +136,10 @@ train: venv ## Launch a SageMaker job from the image pushed at HEAD (ARGS="--ins
 bench: venv ## Measure orchestration overhead, fault detection, allreduce, input pipeline
 	$(PY) -m bench --image $(IMAGE):cpu --docker $(DOCKER) --out bench/results
 
+.PHONY: bench-quick
+bench-quick: venv ## A 3-minute pass over every benchmark (1 run, 2 hosts), results to build/bench
+	$(PY) -m bench --quick --image $(IMAGE):cpu --docker $(DOCKER) --out build/bench
+
 .PHONY: clean
 clean: ## Remove the venv and generated files
 	rm -rf $(VENV) build .pytest_cache .ruff_cache

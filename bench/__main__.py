@@ -1,0 +1,186 @@
+"""`python -m bench`: every measurement in one run, then the report.
+
+python -m bench --image sm-horovod:cpu --docker docker --out bench/results
+python -m bench --quick          # 1 run each, 2 hosts only, small tensors (~4 minutes)
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from types import FrameType
+
+from bench.bandwidth import BandwidthResult, measure_bandwidth
+from bench.image import ImageResult, measure_image
+from bench.launchers import Launcher
+from bench.machine import describe_machine
+from bench.overhead import FaultRun, OverheadRun, measure_fault, measure_overhead
+from bench.pipeline import PipelineResult, measure_pipeline
+from bench.report import Results, load_results, write_report
+from bench.workspace import Workspace, workspace
+
+log = logging.getLogger("bench")
+
+MEASUREMENTS = ("overhead", "fault", "bandwidth", "pipeline", "rebuild")
+# How long a fault run waits for the surviving hosts: the toolkit's workers poll for the
+# master's status file every 30 s and check the master only every 2 minutes.
+FAULT_TIMEOUT_S = {Launcher.OURS: 60.0, Launcher.TOOLKIT: 240.0}
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    image: str
+    docker: str
+    out: Path
+    quick: bool
+    repeats: int
+    hosts: tuple[int, ...]
+    fault_hosts: int
+    fault_repeats: int
+    toolkit_fault_repeats: int
+    sizes_mb: tuple[int, ...]
+    pipeline_seconds: float
+    skip: frozenset[str]
+    keep_scratch: bool
+    render_only: bool
+
+
+def parse_args(argv: Sequence[str] | None) -> Settings:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n")[0])
+    parser.add_argument("--image", default="sm-horovod:cpu", help="the CPU flavor's tag")
+    parser.add_argument("--docker", default=os.environ.get("DOCKER", "docker"))
+    parser.add_argument("--out", type=Path, default=Path("bench/results"))
+    parser.add_argument("--quick", action="store_true", help="1 run each, 2 hosts, small tensors")
+    parser.add_argument("--repeats", type=int, help="runs per overhead figure (default 3)")
+    parser.add_argument("--hosts", help="host counts, comma-separated (default 2,3,4)")
+    parser.add_argument(
+        "--toolkit-fault-repeats",
+        type=int,
+        help="fault runs of the toolkit, which take minutes each (default 1)",
+    )
+    parser.add_argument("--skip", action="append", default=[], choices=MEASUREMENTS)
+    parser.add_argument("--keep-scratch", action="store_true", help="keep the temp folder")
+    parser.add_argument(
+        "--render",
+        action="store_true",
+        help="only re-render results.md and overhead.png from OUT/results.json",
+    )
+    args = parser.parse_args(argv)
+    repeats = args.repeats or (1 if args.quick else 3)
+    hosts = args.hosts or ("2" if args.quick else "2,3,4")
+    return Settings(
+        image=args.image,
+        docker=args.docker,
+        out=args.out,
+        quick=args.quick,
+        repeats=repeats,
+        hosts=tuple(int(count) for count in hosts.split(",")),
+        fault_hosts=2 if args.quick else 3,
+        fault_repeats=repeats,
+        toolkit_fault_repeats=args.toolkit_fault_repeats or 1,
+        sizes_mb=(1, 4) if args.quick else (1, 4, 16, 64, 256),
+        pipeline_seconds=2.0 if args.quick else 5.0,
+        skip=frozenset(args.skip),
+        keep_scratch=args.keep_scratch,
+        render_only=args.render,
+    )
+
+
+def overhead_runs(space: Workspace, settings: Settings) -> list[OverheadRun]:
+    """Interleaved (repeat, hosts, launcher), so that noise on a shared machine spreads over
+    every launcher instead of landing on one."""
+    return [
+        measure_overhead(space, launcher, hosts, repeat)
+        for repeat in range(settings.repeats)
+        for hosts in settings.hosts
+        for launcher in Launcher
+    ]
+
+
+def fault_runs(space: Workspace, settings: Settings) -> list[FaultRun]:
+    runs = [
+        measure_fault(
+            space, Launcher.OURS, settings.fault_hosts, repeat, FAULT_TIMEOUT_S[Launcher.OURS]
+        )
+        for repeat in range(settings.fault_repeats)
+    ]
+    runs += [
+        measure_fault(
+            space, Launcher.TOOLKIT, settings.fault_hosts, repeat, FAULT_TIMEOUT_S[Launcher.TOOLKIT]
+        )
+        for repeat in range(settings.toolkit_fault_repeats)
+    ]
+    return runs
+
+
+def run(settings: Settings) -> Results:
+    started = time.monotonic()
+    machine = describe_machine(settings.docker, settings.image)
+    log.info("machine: %s", machine)
+    overhead: list[OverheadRun] = []
+    faults: list[FaultRun] = []
+    bandwidth: BandwidthResult | None = None
+    pipeline: PipelineResult | None = None
+    image: ImageResult | None = None
+    with workspace(settings.docker, settings.image, keep=settings.keep_scratch) as space:
+        if "overhead" not in settings.skip:
+            overhead = overhead_runs(space, settings)
+        if "fault" not in settings.skip:
+            faults = fault_runs(space, settings)
+        if "bandwidth" not in settings.skip:
+            bandwidth = measure_bandwidth(space, settings.sizes_mb)
+        if "pipeline" not in settings.skip:
+            pipeline = measure_pipeline(space, settings.pipeline_seconds)
+        image = measure_image(
+            settings.docker, settings.image, space.root, rebuild="rebuild" not in settings.skip
+        )
+    return Results(
+        machine=machine,
+        quick=settings.quick,
+        repeats=settings.repeats,
+        duration_s=time.monotonic() - started,
+        overhead_runs=tuple(overhead),
+        fault_runs=tuple(faults),
+        bandwidth=bandwidth,
+        pipeline=pipeline,
+        image=image,
+    )
+
+
+def _terminate(signum: int, _frame: FrameType | None) -> None:
+    # SIGTERM unwinds like Ctrl-C, through every finally that removes containers.
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    settings = parse_args(argv)
+    if settings.render_only:
+        paths = write_report(load_results(settings.out / "results.json"), settings.out)
+        log.info("rendered %s", ", ".join(map(str, paths.values())))
+        return 0
+    signal.signal(signal.SIGTERM, _terminate)
+    try:
+        results = run(settings)
+    except KeyboardInterrupt as interrupt:
+        log.error("interrupted (%s); containers, networks and scratch files removed", interrupt)
+        return 130
+    paths = write_report(results, settings.out)
+    log.info(
+        "took %.1f min; wrote %s", results.duration_s / 60, ", ".join(map(str, paths.values()))
+    )
+    print(paths["markdown"].read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

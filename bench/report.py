@@ -1,0 +1,362 @@
+"""The published report: results.json (everything), results.md (the tables, with date,
+machine and versions) and overhead.png (overhead per host count, one bar per launcher)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+from matplotlib.ticker import FuncFormatter, NullFormatter
+
+from bench.bandwidth import AllreducePoint, BandwidthResult
+from bench.image import ImageResult
+from bench.launchers import Launcher
+from bench.machine import Machine
+from bench.overhead import FaultRun, OverheadRun, RankTimes
+from bench.pipeline import PipelineRate, PipelineResult
+from bench.summary import (
+    FaultSummary,
+    Goal,
+    OverheadSummary,
+    evaluate_goals,
+    summarize_faults,
+    summarize_overhead,
+)
+
+COLORS = {Launcher.OURS: "#1b9e77", Launcher.TOOLKIT: "#d95f02", Launcher.MPIRUN: "#7570b3"}
+# Ranges wider than this get a log axis.
+LOG_SCALE_RANGE = 10.0
+# Where the bars of a log axis start.
+LOG_SCALE_BOTTOM_S = 0.1
+
+
+@dataclasses.dataclass(frozen=True)
+class Results:
+    machine: Machine
+    quick: bool
+    repeats: int
+    duration_s: float
+    overhead_runs: tuple[OverheadRun, ...]
+    fault_runs: tuple[FaultRun, ...]
+    bandwidth: BandwidthResult | None
+    pipeline: PipelineResult | None
+    image: ImageResult | None
+
+    @property
+    def overhead(self) -> list[OverheadSummary]:
+        return summarize_overhead(self.overhead_runs)
+
+    @property
+    def faults(self) -> list[FaultSummary]:
+        return summarize_faults(self.fault_runs)
+
+    @property
+    def goals(self) -> list[Goal]:
+        return evaluate_goals(self.overhead, self.faults, self.bandwidth)
+
+
+def to_json(results: Results) -> str:
+    document = dataclasses.asdict(results)
+    document["summary"] = {
+        "overhead": [dataclasses.asdict(s) for s in results.overhead],
+        "faults": [dataclasses.asdict(s) for s in results.faults],
+        "goals": [dataclasses.asdict(goal) for goal in results.goals],
+    }
+    return json.dumps(document, indent=2, sort_keys=False) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# Markdown
+
+
+def _s(value: float | None, digits: int = 2) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _cell(text: str) -> str:
+    """One table cell: one line, no column separator."""
+    return " ".join(text.split()).replace("|", "\\|")
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(_cell(cell) for cell in row) + " |" for row in rows]
+    return [*lines, ""]
+
+
+def _label(launcher: str) -> str:
+    return Launcher(launcher).label if launcher in Launcher._value2member_map_ else launcher
+
+
+def _machine_lines(results: Results) -> list[str]:
+    m = results.machine
+    v = m.image_versions
+    mode = (
+        "quick smoke (`--quick`), 1 run each"
+        if results.quick
+        else f"medians of {results.repeats} runs"
+    )
+    return [
+        f"Measured {m.date} by `python -m bench` ({mode}; the whole run took "
+        f"{results.duration_s / 60:.1f} min) at commit `{m.commit}`.",
+        "",
+        f"- Machine: {m.cpu_model}, {m.cores} cores, {m.memory_gib:g} GiB memory, "
+        f"Linux {m.kernel}, Docker Engine {m.docker_engine}; every host is a container on one "
+        "user-defined bridge network of this one machine.",
+        f"- Image `{m.image}`: TensorFlow {v.get('tensorflow-cpu', '?')}, Horovod "
+        f"{v.get('horovod', '?')}, Open MPI {v.get('openmpi', '?')}, sagemaker-training "
+        f"{v.get('sagemaker-training', '?')}, Python {v.get('python', '?')}, "
+        f"{v.get('openssh', '?')}.",
+        "",
+    ]
+
+
+def _goal_lines(goals: Sequence[Goal]) -> list[str]:
+    met = {True: "**yes**", False: "**no**", None: "not measured"}
+    rows = [[goal.name, goal.target, goal.measured, met[goal.met]] for goal in goals]
+    return ["### Goals", "", *_table(["Goal", "Target", "Measured", "Met"], rows)]
+
+
+def _overhead_lines(summaries: Sequence[OverheadSummary]) -> list[str]:
+    def versus(over: float | None, ratio: float | None) -> str:
+        return "-" if over is None else f"{over:+.2f} s ({_s(ratio, 1)}x)"
+
+    rows = [
+        [
+            str(s.hosts),
+            _label(s.launcher),
+            _s(s.start_median_s),
+            _s(s.end_median_s),
+            versus(s.start_over_floor_s, s.start_ratio),
+            versus(s.end_over_floor_s, s.end_ratio),
+            f"{s.runs - s.failed}/{s.runs}",
+        ]
+        for s in summaries
+    ]
+    header = [
+        "Hosts",
+        "Launcher",
+        "Start (s)",
+        "End (s)",
+        "Start vs mpirun",
+        "End vs mpirun",
+        "OK runs",
+    ]
+    return [
+        "### Orchestration overhead",
+        "",
+        "One rank per container, a trivial Horovod program (`bench/programs/timed.py`). Start: "
+        "first container started (bare mpirun: mpirun started) → every rank in user code. "
+        "End: last rank left user code → last container exited (bare mpirun: mpirun exited). "
+        "The program's own Python and TensorFlow imports count as user code; the interpreter's "
+        "tear-down after the program left falls in every launcher's end overhead, the floor's "
+        "too.",
+        "",
+        *_table(header, rows),
+    ]
+
+
+def _fault_lines(summaries: Sequence[FaultSummary]) -> list[str]:
+    def down(s: FaultSummary) -> str:
+        if s.median_s is None:
+            return f"not down after {s.timeout_s:.0f} s"
+        text = f"{s.median_s:.2f} (max {s.max_s:.2f})"
+        return text + (
+            f"; {s.not_down} run(s) not down after {s.timeout_s:.0f} s" if s.not_down else ""
+        )
+
+    rows = [[_label(s.launcher), str(s.hosts), str(s.runs), down(s)] for s in summaries]
+    return [
+        "### Fault detection",
+        "",
+        "A worker container (`algo-2`) killed (`docker kill`) while every rank allreduces → the "
+        "last container exited.",
+        "",
+        *_table(["Launcher", "Hosts", "Runs", "Every host down after (s)"], rows),
+    ]
+
+
+def _bandwidth_lines(result: BandwidthResult | None) -> list[str]:
+    lines = ["### Allreduce bandwidth", ""]
+    if result is None or (result.error and not result.points):
+        return [*lines, f"Not measured ({result.error if result else 'skipped'}).", ""]
+    lines += [
+        f"Between 2 containers started by our entry point: raw TCP by iperf3 "
+        f"({result.iperf3_version.split('(')[0].strip()}, one stream) "
+        f"**{_s(result.iperf3_gbit_s)} Gbit/s**, then Horovod allreduce of float32 tensors "
+        f"(tensor fusion on, threshold {result.fusion_threshold}) in the same job. Bus bandwidth "
+        "= size / time * 2(n-1)/n (nccl-tests' definition; n = 2).",
+        "",
+    ]
+    rows = [
+        [
+            f"{p.megabytes} MiB",
+            f"{p.seconds * 1e3:.1f}",
+            _s(p.busbw_gbit_s),
+            "-" if p.fraction_of_iperf3 is None else f"{p.fraction_of_iperf3:.0%}",
+        ]
+        for p in result.points
+    ]
+    return lines + _table(["Tensor", "Time (ms)", "Bus bandwidth (Gbit/s)", "Of iperf3"], rows)
+
+
+def _pipeline_lines(result: PipelineResult | None) -> list[str]:
+    lines = ["### Input pipeline", ""]
+    if result is None or result.error:
+        return [*lines, f"Not measured ({result.error if result else 'skipped'}).", ""]
+    lines += [
+        f"The digits PNGs ({result.files} files of the train split) in one container "
+        f"({result.cores} cores), {result.image_size}x{result.image_size} images, batches of "
+        f"{result.batch_size}; the model's pipeline is `model/pipeline.py` "
+        "(`decoded_images` + `evaluation_batches`, uncached).",
+        "",
+    ]
+    rows = [
+        [
+            rate.description,
+            str(rate.cores_used),
+            f"{rate.images_per_s:,.0f}",
+            f"{rate.per_core:,.0f}",
+        ]
+        for rate in result.rates
+    ]
+    return lines + _table(["Variant", "Cores", "Images/s", "Images/s per core"], rows)
+
+
+def _image_lines(result: ImageResult | None) -> list[str]:
+    if result is None:
+        return []
+    if result.rebuild_s is not None:
+        rebuild = (
+            f"{result.rebuild_s:.1f} s (`make build FLAVOR=cpu` with {result.build_client}; "
+            f"the same build before the change: {_s(result.warm_build_s, 1)} s)"
+        )
+    else:
+        # the first line only: the build's own output is in the bench log
+        rebuild = (result.error or "not measured").splitlines()[0].rstrip(":")[:200]
+    rows = [[f"`{result.image}`", f"{result.size_bytes / 1e9:.2f} GB", rebuild]]
+    return [
+        "### Image",
+        "",
+        *_table(["Image", "Size (uncompressed)", "Rebuild after a one-line code change"], rows),
+    ]
+
+
+def to_markdown(results: Results) -> str:
+    lines = [
+        "## Benchmark results",
+        "",
+        *_machine_lines(results),
+        *_goal_lines(results.goals),
+        *_overhead_lines(results.overhead),
+        "![Orchestration overhead per host count](overhead.png)",
+        "",
+        *_fault_lines(results.faults),
+        *_bandwidth_lines(results.bandwidth),
+        *_pipeline_lines(results.pipeline),
+        *_image_lines(results.image),
+    ]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# Plot
+
+
+def _bars(axis, summaries: Sequence[OverheadSummary], field: str, title: str) -> None:
+    hosts = sorted({s.hosts for s in summaries})
+    launchers = [
+        launcher for launcher in Launcher if any(s.launcher == launcher for s in summaries)
+    ]
+    width = 0.8 / max(1, len(launchers))
+    values = []
+    for index, launcher in enumerate(launchers):
+        by_hosts = {s.hosts: getattr(s, field) for s in summaries if s.launcher == launcher}
+        heights = [by_hosts.get(h) or 0.0 for h in hosts]
+        values += [h for h in heights if h > 0]
+        positions = [i + (index - (len(launchers) - 1) / 2) * width for i in range(len(hosts))]
+        bars = axis.bar(positions, heights, width, label=launcher.label, color=COLORS[launcher])
+        axis.bar_label(bars, labels=[f"{h:.1f}" if h else "" for h in heights], fontsize=8)
+    axis.set_xticks(range(len(hosts)), [f"{h} hosts" for h in hosts])
+    axis.set_title(title)
+    axis.set_ylabel("seconds (median)")
+    if values and max(values) / min(values) > LOG_SCALE_RANGE:
+        axis.set_yscale("log")
+        axis.set_ylim(bottom=LOG_SCALE_BOTTOM_S, top=max(values) * 2)
+        axis.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+        axis.yaxis.set_minor_formatter(NullFormatter())
+        axis.set_ylabel("seconds (median, log scale)")
+    else:
+        axis.set_ylim(top=max(values, default=1.0) * 1.15)
+    axis.grid(axis="y", alpha=0.3)
+
+
+def plot_overhead(results: Results, path: Path) -> None:
+    summaries = results.overhead
+    figure, (start, end) = plt.subplots(1, 2, figsize=(11, 5), constrained_layout=True)
+    _bars(
+        start,
+        summaries,
+        "start_median_s",
+        "Start: first container started → all ranks in user code",
+    )
+    _bars(end, summaries, "end_median_s", "End: last rank done → last container exited")
+    handles, labels = start.get_legend_handles_labels()
+    figure.legend(handles, labels, loc="outside lower center", ncol=len(labels), fontsize=10)
+    m = results.machine
+    figure.suptitle(
+        f"Orchestration overhead, lower is better ({m.date}, {m.cores} cores, "
+        f"{m.memory_gib:g} GiB, commit {m.commit})",
+        fontsize=11,
+    )
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+def load_results(path: Path) -> Results:
+    """Results back from a results.json, to re-render the report without measuring again."""
+    raw = json.loads(path.read_text())
+
+    def overhead_run(run: dict) -> OverheadRun:
+        return OverheadRun(**{**run, "ranks": tuple(RankTimes(**r) for r in run["ranks"])})
+
+    bandwidth = raw["bandwidth"]
+    if bandwidth is not None:
+        points = tuple(AllreducePoint(**point) for point in bandwidth["points"])
+        bandwidth = BandwidthResult(**{**bandwidth, "points": points})
+    pipeline = raw["pipeline"]
+    if pipeline is not None:
+        rates = tuple(PipelineRate(**rate) for rate in pipeline["rates"])
+        pipeline = PipelineResult(**{**pipeline, "rates": rates})
+    return Results(
+        machine=Machine(**raw["machine"]),
+        quick=raw["quick"],
+        repeats=raw["repeats"],
+        duration_s=raw["duration_s"],
+        overhead_runs=tuple(overhead_run(run) for run in raw["overhead_runs"]),
+        fault_runs=tuple(FaultRun(**run) for run in raw["fault_runs"]),
+        bandwidth=bandwidth,
+        pipeline=pipeline,
+        image=ImageResult(**raw["image"]) if raw["image"] else None,
+    )
+
+
+def write_report(results: Results, out: Path) -> dict[str, Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {
+        "json": out / "results.json",
+        "markdown": out / "results.md",
+        "plot": out / "overhead.png",
+    }
+    for kind, text in (("json", to_json(results)), ("markdown", to_markdown(results))):
+        tmp = paths[kind].with_suffix(".tmp")
+        tmp.write_text(text)
+        tmp.replace(paths[kind])
+    plot_overhead(results, paths["plot"])
+    return paths

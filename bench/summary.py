@@ -1,0 +1,170 @@
+"""Pure reductions of the raw runs: medians, ratios to the floor, the README's goals."""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from collections.abc import Sequence
+
+from bench.bandwidth import BandwidthResult
+from bench.launchers import Launcher
+from bench.overhead import FaultRun, OverheadRun
+
+GOAL_HOSTS = 4
+GOAL_START_S = 2.0
+GOAL_END_S = 1.0
+GOAL_FAULT_S = 10.0
+GOAL_ALLREDUCE = 0.85
+
+
+@dataclasses.dataclass(frozen=True)
+class OverheadSummary:
+    launcher: str
+    hosts: int
+    runs: int
+    failed: int
+    start_median_s: float | None
+    end_median_s: float | None
+    # median minus the floor's median, and the ratio of the two (None for the floor itself)
+    start_over_floor_s: float | None = None
+    end_over_floor_s: float | None = None
+    start_ratio: float | None = None
+    end_ratio: float | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class FaultSummary:
+    launcher: str
+    hosts: int
+    runs: int
+    # runs in which some host was still up when the benchmark stopped waiting
+    not_down: int
+    median_s: float | None
+    max_s: float | None
+    timeout_s: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Goal:
+    name: str
+    target: str
+    measured: str
+    met: bool | None  # None: not measured in this run
+
+
+def _median(values: Sequence[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def _ratio(value: float | None, floor: float | None) -> float | None:
+    return value / floor if value is not None and floor else None
+
+
+def _minus(value: float | None, floor: float | None) -> float | None:
+    return value - floor if value is not None and floor is not None else None
+
+
+def summarize_overhead(runs: Sequence[OverheadRun]) -> list[OverheadSummary]:
+    groups: dict[tuple[str, int], list[OverheadRun]] = {}
+    for run in runs:
+        groups.setdefault((run.launcher, run.hosts), []).append(run)
+    medians = {}
+    for key, group in groups.items():
+        ok = [run for run in group if run.error is None]
+        medians[key] = (
+            _median([run.start_overhead_s for run in ok if run.start_overhead_s is not None]),
+            _median([run.end_overhead_s for run in ok if run.end_overhead_s is not None]),
+            len(group),
+            len(group) - len(ok),
+        )
+    summaries = []
+    order = {launcher.value: index for index, launcher in enumerate(Launcher)}
+    for (launcher, hosts), (start, end, count, failed) in sorted(
+        medians.items(), key=lambda item: (item[0][1], order.get(item[0][0], 99))
+    ):
+        floor_start, floor_end, _, _ = medians.get((Launcher.MPIRUN.value, hosts), (None,) * 4)
+        is_floor = launcher == Launcher.MPIRUN.value
+        summaries.append(
+            OverheadSummary(
+                launcher=launcher,
+                hosts=hosts,
+                runs=count,
+                failed=failed,
+                start_median_s=start,
+                end_median_s=end,
+                start_over_floor_s=None if is_floor else _minus(start, floor_start),
+                end_over_floor_s=None if is_floor else _minus(end, floor_end),
+                start_ratio=None if is_floor else _ratio(start, floor_start),
+                end_ratio=None if is_floor else _ratio(end, floor_end),
+            )
+        )
+    return summaries
+
+
+def summarize_faults(runs: Sequence[FaultRun]) -> list[FaultSummary]:
+    groups: dict[tuple[str, int], list[FaultRun]] = {}
+    for run in runs:
+        groups.setdefault((run.launcher, run.hosts), []).append(run)
+    summaries = []
+    for (launcher, hosts), group in groups.items():
+        down = [run.detection_s for run in group if run.detection_s is not None]
+        not_down = sum(1 for run in group if run.detection_s is None and run.error is None)
+        summaries.append(
+            FaultSummary(
+                launcher=launcher,
+                hosts=hosts,
+                runs=len(group),
+                not_down=not_down,
+                median_s=_median(down),
+                max_s=max(down) if down else None,
+                timeout_s=max(run.timeout_s for run in group),
+            )
+        )
+    return summaries
+
+
+def _overhead_goal(
+    summaries: Sequence[OverheadSummary], name: str, field: str, limit: float
+) -> Goal:
+    target = f"≤ {limit:g} s over bare mpirun at {GOAL_HOSTS} hosts"
+    ours = next(
+        (s for s in summaries if s.launcher == Launcher.OURS.value and s.hosts == GOAL_HOSTS), None
+    )
+    value = getattr(ours, field) if ours else None
+    if value is None:
+        return Goal(name, target, f"not measured at {GOAL_HOSTS} hosts", None)
+    return Goal(name, target, f"{value:+.2f} s", value <= limit)
+
+
+def _fault_goal(summaries: Sequence[FaultSummary]) -> Goal:
+    name, target = "killed worker: every host down", f"≤ {GOAL_FAULT_S:g} s"
+    ours = [s for s in summaries if s.launcher == Launcher.OURS.value]
+    if not ours:
+        return Goal(name, target, "not measured", None)
+    summary = ours[0]
+    if summary.not_down or summary.max_s is None:
+        return Goal(name, target, f"some host still up after {summary.timeout_s:.0f} s", False)
+    measured = f"max {summary.max_s:.2f} s of {summary.runs} runs ({summary.hosts} hosts)"
+    return Goal(name, target, measured, summary.max_s <= GOAL_FAULT_S)
+
+
+def _allreduce_goal(bandwidth: BandwidthResult | None) -> Goal:
+    name, target = "allreduce bus bandwidth / iperf3", f"≥ {GOAL_ALLREDUCE:.0%}"
+    peak = bandwidth.peak if bandwidth else None
+    if peak is None or peak.fraction_of_iperf3 is None:
+        return Goal(name, target, "not measured", None)
+    measured = f"{peak.fraction_of_iperf3:.0%} (best size, {peak.megabytes} MiB)"
+    return Goal(name, target, measured, peak.fraction_of_iperf3 >= GOAL_ALLREDUCE)
+
+
+def evaluate_goals(
+    overhead: Sequence[OverheadSummary],
+    faults: Sequence[FaultSummary],
+    bandwidth: BandwidthResult | None,
+) -> list[Goal]:
+    return [
+        _overhead_goal(overhead, "start overhead", "start_over_floor_s", GOAL_START_S),
+        _overhead_goal(overhead, "end overhead", "end_over_floor_s", GOAL_END_S),
+        _fault_goal(faults),
+        _allreduce_goal(bandwidth),
+    ]
