@@ -81,10 +81,6 @@ class ContractPaths:
     def code_dir(self) -> Path:
         return self.ml_root / "code"
 
-    @property
-    def checkpoint_dir(self) -> Path:
-        return self.ml_root / "checkpoints"
-
 
 @dataclasses.dataclass(frozen=True)
 class BuiltinProgram:
@@ -130,7 +126,6 @@ class Contract:
     program: Program
     settings: EntrypointSettings
     job_name: str | None
-    job_arn: str | None
     paths: ContractPaths = ContractPaths()
 
     @property
@@ -363,7 +358,6 @@ def parse_contract(
         program=_parse_program(decoded, env),
         settings=settings,
         job_name=env.get("TRAINING_JOB_NAME") or None,
-        job_arn=env.get("TRAINING_JOB_ARN") or None,
         paths=paths,
     )
 
