@@ -309,15 +309,16 @@ class ResultChannels:
             for host in workers
         }
 
-    def send(self, exit_code: int, failure_line: str | None) -> list[str]:
-        """Write the verdict to every open session; returns the workers it did not reach."""
+    def send(self, exit_code: int, failure_line: str | None, *, timeout_s: float) -> list[str]:
+        """Write the verdict to every open session and wait up to `timeout_s` for them to
+        finish; returns the workers it did not reach."""
         line = job_result_text(exit_code, failure_line).encode() + b"\n"
         for session in self._sessions.values():
             if session.poll() is None and session.stdin is not None:
                 with contextlib.suppress(OSError):
                     session.stdin.write(line)
                     session.stdin.close()
-        deadline = time.monotonic() + KILL_WAIT_S
+        deadline = time.monotonic() + timeout_s
         missed = []
         for host, session in self._sessions.items():
             try:
@@ -339,31 +340,21 @@ class ResultChannels:
                 session.wait()
 
 
-def notify_workers(workers: tuple[str, ...], exit_code: int, failure_line: str | None) -> None:
-    """Tell every worker the job's result; a worker that cannot be reached is already gone."""
-    if not workers:
-        return
-    payload = job_result_text(exit_code, failure_line).encode() + b"\n"
-    sends = {
-        host: subprocess.Popen(
-            _ssh_argv(host, _WRITE_RESULT, 5),
-            stdin=subprocess.PIPE,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        for host in workers
-    }
-    deadline = time.monotonic() + NOTIFY_TIMEOUT_S
-    for host, send in sends.items():
-        try:
-            send.communicate(payload, timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            send.kill()
-            send.communicate()
-        if send.returncode == 0:
-            log.info("told %s the job's exit code %d", host, exit_code)
-        else:
-            log.warning("could not tell %s the job's result (it may be gone)", host)
+def notify_workers(
+    channels: ResultChannels | None,
+    workers: tuple[str, ...],
+    exit_code: int,
+    failure_line: str | None,
+) -> None:
+    """Tell every worker the job's result: through its open session, else (the session died,
+    or the job failed before sessions were opened) over a fresh connection. A worker that
+    cannot be reached either way is already gone."""
+    missed = channels.send(exit_code, failure_line, timeout_s=KILL_WAIT_S) if channels else workers
+    if missed:
+        fresh = ResultChannels(tuple(missed))
+        missed = fresh.send(exit_code, failure_line, timeout_s=NOTIFY_TIMEOUT_S)
+    for host in missed:
+        log.warning("could not tell %s the job's result (it may be gone)", host)
 
 
 # --------------------------------------------------------------------------------------------
@@ -506,8 +497,7 @@ def run_master(
     if failure is not None:
         exit_code = failure.exit_code
         failure_line = _record(config.output_dir, failure, plan.current_host)
-    unreached = channels.send(exit_code, failure_line) if channels else list(workers)
-    notify_workers(tuple(unreached), exit_code, failure_line)
+    notify_workers(channels, workers, exit_code, failure_line)
     if channels:
         channels.close()
     if sshd:
