@@ -16,6 +16,7 @@ from pathlib import Path
 from entrypoint import sshkeys, supervise
 from entrypoint.contract import (
     BuiltinProgram,
+    Contract,
     ContractError,
     ContractPaths,
     UserScript,
@@ -49,16 +50,16 @@ def configure_logging(host: str, role: str) -> None:
     root.setLevel(logging.INFO)
 
 
-def _validate_program(contract_program, contract, paths: ContractPaths) -> None:
-    """Checks that need the file system but no process: the built-in model's channel and
-    hyperparameters, the user's submit directory."""
-    if isinstance(contract_program, BuiltinProgram):
-        train_dir = paths.data_dir / "train"
-        require_channel(contract, "train", channel_dir_exists=train_dir.is_dir())
-        try:
-            parse_hyperparameters(contract.program_hyperparameters)
-        except ValueError as error:
-            raise ContractError(f"{paths.hyperparameters}: {error}") from None
+def _validate_builtin_program(contract: Contract) -> None:
+    """The built-in model's checks, before any process starts: its `train` channel and its
+    hyperparameters (with the model's own parser)."""
+    paths = contract.paths
+    train_dir = paths.data_dir / "train"
+    require_channel(contract, "train", channel_dir_exists=train_dir.is_dir())
+    try:
+        parse_hyperparameters(contract.program_hyperparameters)
+    except ValueError as error:
+        raise ContractError(f"{paths.hyperparameters}: {error}") from None
 
 
 def _prepare_user_code(program: UserScript, paths: ContractPaths) -> None:
@@ -113,7 +114,8 @@ def run(env: Mapping[str, str], paths: ContractPaths) -> int:
         ",".join(contract.hosts),
         contract.network_interface_name,
     )
-    _validate_program(contract.program, contract, paths)
+    if isinstance(contract.program, BuiltinProgram):
+        _validate_builtin_program(contract)
     gpu_count = supervise.detect_gpu_count()
     plan: JobPlan = make_plan(contract, gpu_count=gpu_count)
     if isinstance(contract.program, UserScript):

@@ -93,6 +93,19 @@ def _kill_trees(roots: Iterable[psutil.Process]) -> None:
     psutil.wait_procs(victims, timeout=KILL_WAIT_S)
 
 
+def _terminate(process: subprocess.Popen[bytes]) -> None:
+    """SIGTERM (mpirun then ends the job everywhere), then SIGKILL to the whole tree if the
+    process does not end in time."""
+    if process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(KILL_WAIT_S)
+    except subprocess.TimeoutExpired:
+        _kill_trees([psutil.Process(process.pid)])
+        process.wait()
+
+
 def _orted_processes() -> list[psutil.Process]:
     """OpenMPI's daemons on this host (started by sshd for the master's mpirun)."""
     found = []
@@ -100,6 +113,13 @@ def _orted_processes() -> list[psutil.Process]:
         if process.info["name"] == "orted":
             found.append(process)
     return found
+
+
+def _forward_sigterm(parents: Iterable[psutil.Process], grace_s: float) -> None:
+    """SIGTERM to the ranks below mpirun (master) or orted (worker), which then have `grace_s`
+    to agree on a step, checkpoint and exit."""
+    log.info("SIGTERM: forwarding to the local ranks; %.0f s to checkpoint and exit", grace_s)
+    _signal_processes(_ranks_below(parents), signal.SIGTERM)
 
 
 def _ranks_below(parents: Iterable[psutil.Process]) -> list[psutil.Process]:
@@ -127,13 +147,7 @@ class Sshd:
             raise JobError(Reason.INTERNAL, f"sshd exited with code {code}")
 
     def stop(self) -> None:
-        if self._process.poll() is None:
-            self._process.terminate()
-            try:
-                self._process.wait(KILL_WAIT_S)
-            except subprocess.TimeoutExpired:
-                self._process.kill()
-                self._process.wait()
+        _terminate(self._process)
 
 
 # --------------------------------------------------------------------------------------------
@@ -393,21 +407,8 @@ class OutputTail:
 # Master
 
 
-def _terminate(process: subprocess.Popen[bytes]) -> None:
-    """mpirun on SIGTERM kills the job everywhere; SIGKILL if it does not end in time."""
-    if process.poll() is not None:
-        return
-    process.terminate()
-    try:
-        process.wait(KILL_WAIT_S)
-    except subprocess.TimeoutExpired:
-        _kill_trees([psutil.Process(process.pid)])
-        process.wait()
-
-
 def _supervise_mpirun(
     mpirun: subprocess.Popen[bytes],
-    plan: JobPlan,
     config: ShellConfig,
     stop: threading.Event,
     probe: HostProbe | None,
@@ -417,11 +418,7 @@ def _supervise_mpirun(
     grace_deadline: float | None = None
     while mpirun.poll() is None:
         if stop.is_set() and grace_deadline is None:
-            log.info(
-                "SIGTERM: forwarding to the local ranks; %.0f s to checkpoint and exit",
-                config.sigterm_grace_s,
-            )
-            _signal_processes(_ranks_below([mpirun_process]), signal.SIGTERM)
+            _forward_sigterm([mpirun_process], config.sigterm_grace_s)
             grace_deadline = time.monotonic() + config.sigterm_grace_s
         if grace_deadline is not None and time.monotonic() >= grace_deadline:
             log.warning("ranks still running after the grace period: ending mpirun")
@@ -474,7 +471,7 @@ def run_master(
             start_new_session=True,
         )
         tail = OutputTail(mpirun.stdout)
-        failure = _supervise_mpirun(mpirun, plan, config, stop, probe)
+        failure = _supervise_mpirun(mpirun, config, stop, probe)
         exit_code = mpirun.wait()
         tail.join(timeout=5)
         if failure is None and stop.is_set():
@@ -571,11 +568,7 @@ def _watch_as_worker(plan: JobPlan, config: ShellConfig, stop: threading.Event) 
                 _kill_trees(orteds)
                 raise JobError(Reason.MASTER_LOST, f"master {master} stopped answering")
             if stop.is_set() and stop_deadline is None:
-                log.info(
-                    "SIGTERM: forwarding to the local ranks; %.0f s to checkpoint and exit",
-                    config.sigterm_grace_s,
-                )
-                _signal_processes(_ranks_below(orteds), signal.SIGTERM)
+                _forward_sigterm(orteds, config.sigterm_grace_s)
                 # The master needs a moment after the grace period to end mpirun and report.
                 stop_deadline = now + config.sigterm_grace_s + 2 * KILL_WAIT_S
             if stop_deadline is not None and now >= stop_deadline:
@@ -587,10 +580,10 @@ def _watch_as_worker(plan: JobPlan, config: ShellConfig, stop: threading.Event) 
 
 
 def _reason_from(text: str) -> Reason:
-    for reason in Reason:
-        if reason.value == text:
-            return reason
-    return Reason.TRAINING_FAILED
+    try:
+        return Reason(text)
+    except ValueError:
+        return Reason.TRAINING_FAILED
 
 
 def run_worker(plan: JobPlan, config: ShellConfig, stop: threading.Event) -> int:
