@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import enum
 import os
+import signal
 import tempfile
 from pathlib import Path
 
 # SageMaker keeps the first 1024 characters of FailureReason; mpi-operator caps its event
 # messages at the same length (eventMessageLimit = 1024).
 MESSAGE_LIMIT = 1024
+# What a stopped job (SIGTERM) exits with on every host: 128 + SIGTERM, as a shell reports it.
+STOPPED_EXIT_CODE = 128 + signal.SIGTERM
 
 
 class Reason(enum.Enum):
@@ -42,6 +45,17 @@ def format_failure(reason: Reason, message: str) -> str:
     if len(line) > MESSAGE_LIMIT:
         line = line[: MESSAGE_LIMIT - 3] + "..."
     return line
+
+
+def parse_failure(line: str) -> tuple[Reason, str]:
+    """The reason and message of a failure line (another host's, sent over the channel); an
+    unknown or missing reason reads as TrainingFailed, never as success."""
+    head, separator, message = line.strip().partition(": ")
+    try:
+        reason = Reason(head)
+    except ValueError:
+        return Reason.TRAINING_FAILED, line.strip() or "failed without a reason"
+    return reason, message if separator else ""
 
 
 def record_failure(output_dir: Path, reason: Reason, message: str) -> bool:

@@ -1,0 +1,249 @@
+"""Unit tests of the coordination protocol: framing, authentication, messages, verdict rules."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+
+from entrypoint.failure import Reason, parse_failure
+from entrypoint.protocol import (
+    MAX_FRAME_BYTES,
+    NONCE_BYTES,
+    TAG_BYTES,
+    Ack,
+    Direction,
+    Exited,
+    FrameReader,
+    FrameWriter,
+    Heartbeat,
+    Hello,
+    ProtocolError,
+    Start,
+    Verdict,
+    body_length,
+    challenge_frame,
+    derive_job_key,
+    hello_frame,
+    message_from_json,
+    message_to_json,
+    parse_challenge,
+    parse_hello,
+    per_host_verdict,
+    session_key,
+    silent_peers,
+    suspect_peers,
+)
+
+JOB_KEY = derive_job_key(b"job secret")
+MASTER_NONCE = bytes(range(16))
+WORKER_NONCE = bytes(range(16, 32))
+KEY = session_key(JOB_KEY, MASTER_NONCE, WORKER_NONCE)
+
+
+def body(frame: bytes) -> bytes:
+    """A frame without its length header, checking the header on the way."""
+    assert body_length(frame[:4]) == len(frame) - 4
+    return frame[4:]
+
+
+def test_keys_are_deterministic_and_separate():
+    assert derive_job_key(b"job secret") == JOB_KEY
+    assert derive_job_key(b"other secret") != JOB_KEY
+    assert len(JOB_KEY) == 32
+    assert session_key(JOB_KEY, MASTER_NONCE, WORKER_NONCE) == KEY
+    assert session_key(JOB_KEY, WORKER_NONCE, MASTER_NONCE) != KEY
+    with pytest.raises(ProtocolError, match="16 bytes"):
+        session_key(JOB_KEY, b"short", WORKER_NONCE)
+
+
+@pytest.mark.parametrize(
+    ("message", "text"),
+    [
+        (Hello("algo-2"), b'{"host":"algo-2","type":"hello"}'),
+        (Heartbeat(), b'{"type":"heartbeat"}'),
+        (Start(), b'{"type":"start"}'),
+        (Exited(3, "TrainingFailed: x"),
+         b'{"exit_code":3,"failure":"TrainingFailed: x","type":"exited"}'),
+        (Verdict(0), b'{"exit_code":0,"failure":null,"type":"verdict"}'),
+        (Ack(), b'{"type":"ack"}'),
+    ],
+)  # fmt: skip
+def test_messages_as_exact_json(message, text):
+    assert message_to_json(message) == text
+    assert message_from_json(text) == message
+
+
+@pytest.mark.parametrize(
+    ("text", "error"),
+    [
+        (b"{not json", "malformed JSON"),
+        (b"[1]", "must be a JSON object"),
+        (b'{"type":"launch"}', "unknown message type"),
+        (b'{"exit_code":0}', "unknown message type"),
+        (b'{"type":"hello"}', "Hello without a host name"),
+        (b'{"type":"hello","host":""}', "Hello without a host name"),
+        (b'{"type":"verdict","exit_code":true}', "exit code True is not an integer"),
+        (b'{"type":"verdict","exit_code":256}', "exit code 256"),
+        (b'{"type":"verdict","exit_code":"0"}', "exit code '0'"),
+        (b'{"type":"verdict","exit_code":1,"failure":5}', "failure must be a string"),
+        (b'{"type":"ack","extra":1}', "unexpected fields \\['extra'\\] in Ack"),
+        (b"\xff\xfe", "malformed JSON"),
+    ],
+)
+def test_malformed_messages_are_refused(text, error):
+    with pytest.raises(ProtocolError, match=error):
+        message_from_json(text)
+
+
+def test_frames_round_trip_in_sequence():
+    writer = FrameWriter(KEY, Direction.TO_WORKER)
+    reader = FrameReader(KEY, Direction.TO_WORKER)
+    frames = [writer.encode(m) for m in (Heartbeat(), Start(), Verdict(1, "HostLost: x"))]
+    assert [reader.decode(body(frame)) for frame in frames] == [
+        Heartbeat(),
+        Start(),
+        Verdict(1, "HostLost: x"),
+    ]
+    # length header, 32-byte tag, then the JSON
+    assert frames[0][4 + TAG_BYTES :] == b'{"type":"heartbeat"}'
+    assert struct.unpack(">I", frames[0][:4]) == (TAG_BYTES + 20,)
+
+
+def test_a_forged_frame_is_refused():
+    forged = FrameWriter(session_key(derive_job_key(b"guess"), MASTER_NONCE, WORKER_NONCE),
+                         Direction.TO_WORKER).encode(Verdict(0))  # fmt: skip
+    with pytest.raises(ProtocolError, match="authentication failed"):
+        FrameReader(KEY, Direction.TO_WORKER).decode(body(forged))
+
+
+def test_a_tampered_frame_is_refused():
+    frame = bytearray(FrameWriter(KEY, Direction.TO_WORKER).encode(Verdict(1, "HostLost: x")))
+    frame[-10] ^= 1
+    with pytest.raises(ProtocolError, match="authentication failed"):
+        FrameReader(KEY, Direction.TO_WORKER).decode(body(bytes(frame)))
+
+
+def test_replayed_and_reordered_frames_are_refused():
+    writer = FrameWriter(KEY, Direction.TO_WORKER)
+    first, second = writer.encode(Verdict(0)), writer.encode(Heartbeat())
+    reader = FrameReader(KEY, Direction.TO_WORKER)
+    reader.decode(body(first))
+    with pytest.raises(ProtocolError, match="replayed or reordered"):
+        reader.decode(body(first))
+    with pytest.raises(ProtocolError, match="replayed or reordered"):
+        FrameReader(KEY, Direction.TO_WORKER).decode(body(second))
+
+
+def test_a_frame_from_another_connection_is_refused():
+    other = session_key(JOB_KEY, MASTER_NONCE, bytes(16))
+    frame = FrameWriter(other, Direction.TO_WORKER).encode(Verdict(0))
+    with pytest.raises(ProtocolError, match="authentication failed"):
+        FrameReader(KEY, Direction.TO_WORKER).decode(body(frame))
+
+
+def test_a_reflected_frame_is_refused():
+    """A worker's own Heartbeat sent back to it must not pass as the master's."""
+    frame = FrameWriter(KEY, Direction.TO_MASTER).encode(Heartbeat())
+    with pytest.raises(ProtocolError, match="authentication failed"):
+        FrameReader(KEY, Direction.TO_WORKER).decode(body(frame))
+
+
+@pytest.mark.parametrize(
+    ("direction", "message"),
+    [(Direction.TO_MASTER, Verdict(0)), (Direction.TO_MASTER, Start()),
+     (Direction.TO_WORKER, Hello("algo-1")), (Direction.TO_WORKER, Exited(0))],
+)  # fmt: skip
+def test_messages_only_travel_their_way(direction, message):
+    """A worker can never send a verdict, nor the master a Hello, even with the right key."""
+    frame = FrameWriter(KEY, direction).encode(message)
+    with pytest.raises(ProtocolError, match="not allowed in this direction"):
+        FrameReader(KEY, direction).decode(body(frame))
+
+
+def test_oversized_and_short_frames_are_refused():
+    with pytest.raises(ProtocolError, match=f"exceeds {MAX_FRAME_BYTES}"):
+        body_length(struct.pack(">I", MAX_FRAME_BYTES + 1))
+    assert body_length(struct.pack(">I", MAX_FRAME_BYTES)) == MAX_FRAME_BYTES
+    with pytest.raises(ProtocolError, match="too short"):
+        FrameReader(KEY, Direction.TO_WORKER).decode(b"x" * TAG_BYTES)
+
+
+def test_handshake():
+    assert parse_challenge(body(challenge_frame(MASTER_NONCE))) == MASTER_NONCE
+    with pytest.raises(ProtocolError, match="16 bytes"):
+        parse_challenge(b"x" * 15)
+    frame = hello_frame(KEY, WORKER_NONCE, Hello("algo-3"))
+    assert body(frame)[:NONCE_BYTES] == WORKER_NONCE
+    hello, key = parse_hello(JOB_KEY, MASTER_NONCE, body(frame))
+    assert (hello, key) == (Hello("algo-3"), KEY)
+    # The session continues at sequence 1 on both ends.
+    follow = FrameWriter(KEY, Direction.TO_MASTER, first_sequence=1).encode(Exited(0))
+    assert FrameReader(key, Direction.TO_MASTER, first_sequence=1).decode(body(follow)) == Exited(0)
+
+
+def test_a_hello_from_another_job_or_challenge_is_refused():
+    frame = body(hello_frame(KEY, WORKER_NONCE, Hello("algo-3")))
+    with pytest.raises(ProtocolError, match="authentication failed"):
+        parse_hello(derive_job_key(b"another job"), MASTER_NONCE, frame)
+    # A Hello recorded on one connection, replayed to a new challenge.
+    with pytest.raises(ProtocolError, match="authentication failed"):
+        parse_hello(JOB_KEY, bytes(16), frame)
+    with pytest.raises(ProtocolError, match="too short"):
+        parse_hello(JOB_KEY, MASTER_NONCE, frame[: NONCE_BYTES + TAG_BYTES])
+    not_hello = WORKER_NONCE + body(FrameWriter(KEY, Direction.TO_MASTER).encode(Heartbeat()))
+    with pytest.raises(ProtocolError, match="expected Hello, got Heartbeat"):
+        parse_hello(JOB_KEY, MASTER_NONCE, not_hello)
+
+
+def test_silent_peers():
+    heard = {"algo-2": 100.0, "algo-3": 95.0, "algo-4": 80.0}
+    assert silent_peers(heard, now=100.0, lost_after_s=20.0) == ["algo-4"]
+    assert silent_peers(heard, now=115.0, lost_after_s=20.0) == ["algo-3", "algo-4"]
+    assert silent_peers({}, now=0.0, lost_after_s=1.0) == []
+
+
+def test_suspect_peers_most_silent_first():
+    silences = {"algo-2": 0.4, "algo-3": 9.5, "algo-4": 3.0, "algo-5": 9.5}
+    assert suspect_peers(silences, suspect_after_s=3.0) == ["algo-3", "algo-5", "algo-4"]
+    assert suspect_peers(silences, suspect_after_s=10.0) == []
+
+
+HOSTS = ("algo-1", "algo-2", "algo-3")
+
+
+@pytest.mark.parametrize(
+    ("exits", "stopping", "verdict"),
+    [
+        ({}, False, None),
+        ({"algo-1": Exited(0), "algo-2": Exited(0)}, False, None),
+        ({"algo-1": Exited(0), "algo-2": Exited(0), "algo-3": Exited(0)}, False, Verdict(0)),
+        ({"algo-3": Exited(2, "TrainingFailed: boom (on algo-3)")}, False,
+         Verdict(2, "TrainingFailed: boom (on algo-3)")),
+        ({"algo-2": Exited(1)}, False,
+         Verdict(1, "TrainingFailed: the program exited with code 1 (on algo-2)")),
+        # the first failing host in host order names the failure
+        ({"algo-3": Exited(3, "TrainingFailed: c"), "algo-2": Exited(2, "TrainingFailed: b")},
+         False, Verdict(2, "TrainingFailed: b")),
+        # stopping: every part gets its grace period, then the job was stopped
+        ({"algo-1": Exited(143), "algo-2": Exited(143)}, True, None),
+        ({"algo-1": Exited(143), "algo-2": Exited(0), "algo-3": Exited(143)}, True,
+         Verdict(143, "Stopped: stopped by SIGTERM")),
+    ],
+)  # fmt: skip
+def test_per_host_verdict(exits, stopping, verdict):
+    assert per_host_verdict(HOSTS, exits, stopping=stopping) == verdict
+
+
+@pytest.mark.parametrize(
+    ("line", "parsed"),
+    [
+        ("HostLost: host algo-2 lost (on algo-1)",
+         (Reason.HOST_LOST, "host algo-2 lost (on algo-1)")),
+        ("Stopped: stopped by SIGTERM", (Reason.STOPPED, "stopped by SIGTERM")),
+        ("Segmentation fault", (Reason.TRAINING_FAILED, "Segmentation fault")),
+        ("", (Reason.TRAINING_FAILED, "failed without a reason")),
+    ],
+)  # fmt: skip
+def test_parse_failure(line, parsed):
+    assert parse_failure(line) == parsed
