@@ -13,7 +13,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from entrypoint import sshkeys, supervise
+from entrypoint import protocol, sshkeys, supervise
 from entrypoint.contract import (
     BuiltinProgram,
     Contract,
@@ -22,8 +22,11 @@ from entrypoint.contract import (
     UserScript,
     read_contract,
 )
+from entrypoint.coordination import MasterChannel, WorkerChannel
 from entrypoint.failure import Reason, format_failure, record_failure
+from entrypoint.launchers import LocalPart, MpirunPart, OrtedPart, ProgramPart
 from entrypoint.plan import (
+    Backend,
     JobPlan,
     build_mpirun_argv,
     format_command,
@@ -84,7 +87,8 @@ def _prepare_user_code(program: UserScript, paths: ContractPaths) -> None:
         )
 
 
-def _install_ssh_keys(env: Mapping[str, str]) -> None:
+def _job_seed(env: Mapping[str, str]) -> bytes:
+    """The job's secret, from which the ssh keys and the channel key are derived."""
     seed = sshkeys.choose_seed(env)
     if seed is None:
         raise ContractError(
@@ -94,14 +98,60 @@ def _install_ssh_keys(env: Mapping[str, str]) -> None:
     source, material = seed
     if source.is_weak:
         log.warning(
-            "ssh keys derived from %s, which anyone who can describe the job can read; "
+            "job keys derived from %s, which anyone who can describe the job can read; "
             "launch with a per-job %s secret for real isolation",
             source.value,
             sshkeys.SeedSource.LAUNCHER_SECRET.value,
         )
-    keys = sshkeys.derive_keys(material)
+    return material
+
+
+def _install_ssh_keys(seed: bytes) -> None:
+    keys = sshkeys.derive_keys(seed)
     sshkeys.install_keys(keys)
     log.info("ssh keys installed (user key %s)", sshkeys.fingerprint(keys.user_public))
+
+
+def _local_part(plan: JobPlan, argv: list[str], env: Mapping[str, str]) -> LocalPart:
+    """This host's part of the job, by backend and role (launchers.py)."""
+    if plan.backend is Backend.PER_HOST:
+        return ProgramPart(plan.program_argv, env, plan.working_dir)
+    if plan.is_master:
+        return MpirunPart(argv, env, None)
+    return OrtedPart()
+
+
+def _supervise(
+    plan: JobPlan,
+    part: LocalPart,
+    config: supervise.ShellConfig,
+    stop: threading.Event,
+    *,
+    job_key: bytes | None,
+    command_for_log: str,
+) -> int:
+    """Open this host's end of the coordination channel (multi-host jobs) and run its loop."""
+    if plan.is_master:
+        channel = MasterChannel(job_key=job_key, workers=plan.worker_hosts) if job_key else None
+        try:
+            return supervise.run_master(
+                plan, part, channel, config, stop, command_for_log=command_for_log
+            )
+        finally:
+            if channel is not None:
+                channel.close()
+    if job_key is None:
+        raise AssertionError("a worker always has a job key")
+    worker_channel = WorkerChannel(
+        job_key=job_key,
+        host=plan.current_host,
+        master=plan.master_host,
+        deadline=supervise.master_arrival_deadline(config),
+    )
+    try:
+        return supervise.run_worker(plan, part, worker_channel, config, stop)
+    finally:
+        worker_channel.close()
 
 
 def run(env: Mapping[str, str], paths: ContractPaths) -> int:
@@ -120,8 +170,12 @@ def run(env: Mapping[str, str], paths: ContractPaths) -> int:
     plan: JobPlan = make_plan(contract, gpu_count=gpu_count)
     if isinstance(contract.program, UserScript):
         _prepare_user_code(contract.program, paths)
+    job_key = None
     if plan.is_multi_host:
-        _install_ssh_keys(env)
+        seed = _job_seed(env)
+        job_key = protocol.derive_job_key(seed)
+        if plan.backend.needs_ssh:
+            _install_ssh_keys(seed)
 
     stop = threading.Event()
     supervise.install_stop_handlers(stop)
@@ -130,19 +184,20 @@ def run(env: Mapping[str, str], paths: ContractPaths) -> int:
         host_wait_timeout_s=contract.host_wait_timeout_s,
         sigterm_grace_s=contract.sigterm_grace_s,
     )
-    if not plan.is_master:
-        return supervise.run_worker(plan, config, stop)
     sm_env = sagemaker_environment(contract, gpu_count=gpu_count, cpu_count=os.cpu_count() or 1)
-    mpirun_env = rank_environment(env, sm_env, plan)
-    argv = build_mpirun_argv(plan, mpirun_env)
-    return supervise.run_master(
-        plan,
-        mpirun_argv=argv,
-        mpirun_env=mpirun_env,
-        config=config,
-        stop=stop,
-        command_for_log=format_command(argv),
-    )
+    program_env = rank_environment(env, sm_env, plan)
+    argv = build_mpirun_argv(plan, program_env)
+    command = argv if plan.backend is Backend.MPI else list(plan.program_argv)
+    part = _local_part(plan, argv, program_env)
+    # sshd first: a worker that connects to the channel is one that mpirun can reach.
+    sshd = supervise.Sshd(plan.current_host) if job_key and plan.backend.needs_ssh else None
+    try:
+        return _supervise(
+            plan, part, config, stop, job_key=job_key, command_for_log=format_command(command)
+        )
+    finally:
+        if sshd is not None:
+            sshd.stop()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

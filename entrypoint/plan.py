@@ -8,7 +8,7 @@ by name (`-x NAME`, sorted, through one filter) so values stay out of argv and l
 from __future__ import annotations
 
 import dataclasses
-import json
+import enum
 import re
 import shlex
 from collections.abc import Mapping
@@ -34,6 +34,12 @@ _OMPI_FLAGS: tuple[str, ...] = (
     # The first rank (or host) to exit non-zero ends the whole job instead of leaving it hung.
     "-mca", "orte_abort_on_non_zero_status", "1",
 )  # fmt: skip
+# From this many hosts on, mpirun starts every orted itself instead of through a tree of workers,
+# all ssh sessions at once: Horovod's runner does the same (_LARGE_CLUSTER_THRESHOLD = 64, "On
+# large cluster runs (e.g. Summit), we need extra settings to work around OpenMPI issues"), and
+# launches above 64 hosts fail on EC2 with tree spawn (https://github.com/open-mpi/ompi/issues/6198,
+# 64 is the default routed radix). Below it, the tree keeps the master's ssh fan-out small.
+LARGE_CLUSTER_HOSTS = 64
 # Fail fast on a dead host instead of hanging in ssh (mpi-operator: ConnectionAttempts=10).
 _RSH_ARGS = (
     "-o ConnectTimeout=10 -o ConnectionAttempts=3 -o ServerAliveInterval=2 -o ServerAliveCountMax=3"
@@ -76,6 +82,23 @@ _HOROVOD_DEFAULTS = {
 }
 
 
+class Backend(enum.Enum):
+    """How the hosts run the program."""
+
+    # The master runs mpirun, which starts every rank over ssh; its exit code is the job's.
+    MPI = "mpi"
+    # Every host runs the program itself; the master gathers the exit codes over the channel.
+    PER_HOST = "per-host"
+
+    @property
+    def needs_ssh(self) -> bool:
+        return self is Backend.MPI
+
+    @property
+    def workers_report_exit(self) -> bool:
+        return self is Backend.PER_HOST
+
+
 @dataclasses.dataclass(frozen=True)
 class JobPlan:
     """The decisions the master and workers act on."""
@@ -87,6 +110,7 @@ class JobPlan:
     network_interface_name: str
     program_argv: tuple[str, ...]
     working_dir: Path | None
+    backend: Backend = Backend.MPI
 
     @property
     def is_master(self) -> bool:
@@ -131,7 +155,9 @@ def program_argv(
     raise AssertionError(f"unknown program {contract.program!r}")
 
 
-def make_plan(contract: Contract, *, gpu_count: int, python: str = "python") -> JobPlan:
+def make_plan(
+    contract: Contract, *, gpu_count: int, python: str = "python", backend: Backend = Backend.MPI
+) -> JobPlan:
     """Decide the job's shape. The master detects GPUs on its own host and assumes the cluster is
     homogeneous, as SageMaker's single instance type guarantees."""
     argv, working_dir = program_argv(contract, python=python)
@@ -143,6 +169,7 @@ def make_plan(contract: Contract, *, gpu_count: int, python: str = "python") -> 
         network_interface_name=contract.network_interface_name,
         program_argv=argv,
         working_dir=working_dir,
+        backend=backend,
     )
 
 
@@ -232,6 +259,7 @@ def build_mpirun_argv(plan: JobPlan, env: Mapping[str, str]) -> list[str]:
         "-mca", "btl_tcp_if_include", interface,
         "-mca", "oob_tcp_if_include", interface,
         "-mca", "plm_rsh_args", _RSH_ARGS,
+        *large_cluster_flags(len(plan.hosts)),
     ]  # fmt: skip
     if plan.working_dir is not None:
         argv += ["-wdir", str(plan.working_dir)]
@@ -242,22 +270,16 @@ def build_mpirun_argv(plan: JobPlan, env: Mapping[str, str]) -> list[str]:
     return argv
 
 
+def large_cluster_flags(host_count: int) -> list[str]:
+    """OpenMPI launch settings by host count (see LARGE_CLUSTER_HOSTS)."""
+    if host_count < LARGE_CLUSTER_HOSTS:
+        return []
+    return [
+        "-mca", "plm_rsh_no_tree_spawn", "1",
+        "-mca", "plm_rsh_num_concurrent", str(host_count),
+    ]  # fmt: skip
+
+
 def format_command(argv: list[str]) -> str:
     """The command as a shell would read it, for the log (pip's format_command_args)."""
     return shlex.join(argv)
-
-
-def job_result_text(exit_code: int, failure_line: str | None) -> str:
-    """What the master sends each worker when mpirun ends: the job's exit code and the reason."""
-    return json.dumps({"exit_code": exit_code, "failure": failure_line}, sort_keys=True)
-
-
-def parse_job_result(text: str) -> tuple[int, str | None]:
-    """The worker's side of job_result_text; anything malformed is a failure, never success."""
-    try:
-        value = json.loads(text)
-        exit_code = int(value["exit_code"])
-        failure = value.get("failure")
-    except (ValueError, KeyError, TypeError):
-        return 1, f"unreadable job result from the master: {text[:200]!r}"
-    return exit_code, failure if isinstance(failure, str) else None

@@ -12,9 +12,7 @@ from entrypoint.plan import (
     build_mpirun_argv,
     format_command,
     is_exportable,
-    job_result_text,
     make_plan,
-    parse_job_result,
     rank_environment,
     ranks_per_host,
     sagemaker_environment,
@@ -123,14 +121,6 @@ def test_sagemaker_environment_matches_the_toolkit_names():
     assert "SM_HP_RANKS_PER_HOST" not in env
 
 
-def test_job_result_round_trip_and_garbage():
-    assert parse_job_result(job_result_text(3, "TrainingFailed: x")) == (3, "TrainingFailed: x")
-    assert parse_job_result(job_result_text(0, None)) == (0, None)
-    code, message = parse_job_result("garbage")
-    assert code == 1
-    assert "unreadable job result" in message
-
-
 def test_failure_line_is_one_capped_line(tmp_path):
     line = format_failure(Reason.BAD_INPUT, "a\nb " + "x" * 5000)
     assert line.startswith("BadInput: a b x")
@@ -140,3 +130,21 @@ def test_failure_line_is_one_capped_line(tmp_path):
     assert not record_failure(tmp_path, Reason.TRAINING_FAILED, "second")
     assert (tmp_path / "failure").read_text() == "HostLost: first\n"
     assert [p.name for p in tmp_path.iterdir()] == ["failure"]
+
+
+@pytest.mark.parametrize(
+    ("host_count", "flags"),
+    [
+        (2, []),
+        (63, []),
+        (64, ["-mca", "plm_rsh_no_tree_spawn", "1", "-mca", "plm_rsh_num_concurrent", "64"]),
+        (128, ["-mca", "plm_rsh_no_tree_spawn", "1", "-mca", "plm_rsh_num_concurrent", "128"]),
+    ],
+)
+def test_launch_settings_by_host_count(host_count, flags):
+    hosts = tuple(f"algo-{i + 1}" for i in range(host_count))
+    plan = make_plan(contract(hosts=hosts), gpu_count=0)
+    argv = build_mpirun_argv(plan, {})
+    rsh_args = argv.index("plm_rsh_args") + 2
+    assert argv[rsh_args : rsh_args + len(flags)] == flags
+    assert argv[rsh_args + len(flags)] == "python"

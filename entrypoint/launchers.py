@@ -1,0 +1,219 @@
+"""The launcher interface: what one host runs of the job, as the supervising loops see it.
+
+A backend is a pair of local parts, one for the master and one for the workers:
+- MPI: the master runs `mpirun`, whose exit code is the job's; a worker's part is the orted that
+  mpirun starts over ssh (it reports nothing: mpirun already knows).
+- per host: every host runs the program itself and reports its exit code over the coordination
+  channel; the master decides (protocol.per_host_verdict).
+The loops in `supervise.py` and the channel in `coordination.py` are the same for both.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import IO, Protocol
+
+import psutil
+
+log = logging.getLogger("entrypoint")
+
+KILL_WAIT_S = 5.0
+
+
+class LocalPart(Protocol):
+    """This host's share of the job."""
+
+    def start(self) -> None:
+        """Start the local processes (a worker's MPI part has none of its own)."""
+
+    def poll(self) -> int | None:
+        """The part's exit code once it ended, else None."""
+
+    def forward_sigterm(self, grace_s: float) -> None:
+        """SIGTERM to the training processes, which then have `grace_s` to checkpoint."""
+
+    def end(self) -> None:
+        """End whatever is left of the part: SIGTERM, then SIGKILL to the whole tree."""
+
+    def failure_detail(self) -> str | None:
+        """The last error line the part printed, for the failure file."""
+
+
+# --------------------------------------------------------------------------------------------
+# Process helpers
+
+
+def signal_processes(processes: Iterable[psutil.Process], signum: int) -> None:
+    for process in processes:
+        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+            process.send_signal(signum)
+
+
+def kill_trees(roots: Iterable[psutil.Process]) -> None:
+    """SIGKILL each root and everything below it, children first."""
+    victims: list[psutil.Process] = []
+    for root in roots:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            victims.extend(root.children(recursive=True))
+            victims.append(root)
+    signal_processes(victims, signal.SIGKILL)
+    psutil.wait_procs(victims, timeout=KILL_WAIT_S)
+
+
+def terminate(process: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, then SIGKILL to the whole tree if the process does not end in time."""
+    if process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(KILL_WAIT_S)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            kill_trees([psutil.Process(process.pid)])
+        process.wait()
+
+
+def ranks_below(parents: Iterable[psutil.Process]) -> list[psutil.Process]:
+    """Direct children of mpirun/orted that are ranks (not mpirun's ssh sessions)."""
+    ranks = []
+    for parent in parents:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            ranks.extend(child for child in parent.children() if child.name() != "ssh")
+    return ranks
+
+
+def orted_processes() -> list[psutil.Process]:
+    """OpenMPI's daemons on this host (started by sshd for the master's mpirun)."""
+    return [p for p in psutil.process_iter(["name"]) if p.info["name"] == "orted"]
+
+
+class OutputTail:
+    """Copies a child's output to our stdout line by line and remembers the last lines, so the
+    failure file can name the error a rank printed."""
+
+    _MARKERS = ("Error", "error:", "Exception", "FAILED", "Traceback")
+
+    def __init__(self, stream: IO[bytes], keep: int = 200) -> None:
+        self._lines: collections.deque[str] = collections.deque(maxlen=keep)
+        self._thread = threading.Thread(target=self._copy, args=(stream,), daemon=True)
+        self._thread.start()
+
+    def _copy(self, stream: IO[bytes]) -> None:
+        for raw in iter(stream.readline, b""):
+            os.write(1, raw)
+            self._lines.append(raw.decode("utf-8", "replace").rstrip("\n"))
+        stream.close()
+
+    def join(self, timeout: float) -> None:
+        self._thread.join(timeout)
+
+    def error_line(self) -> str | None:
+        """The last line that reads like an error, else None."""
+        for line in reversed(self._lines):
+            if any(marker in line for marker in self._MARKERS):
+                return line.strip()
+        return None
+
+
+class _ChildProcess:
+    """One child in its own session, its output copied to ours (mpirun, or a host's program)."""
+
+    def __init__(self, argv: Sequence[str], env: Mapping[str, str], cwd: Path | None) -> None:
+        self._argv = list(argv)
+        self._env = dict(env)
+        self._cwd = cwd
+        self._process: subprocess.Popen[bytes] | None = None
+        self._tail: OutputTail | None = None
+
+    def start(self) -> None:
+        self._process = subprocess.Popen(
+            self._argv,
+            env=self._env,
+            cwd=self._cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        assert self._process.stdout is not None  # noqa: S101 - Popen with PIPE guarantees it
+        self._tail = OutputTail(self._process.stdout)
+
+    def poll(self) -> int | None:
+        if self._process is None:
+            return None
+        code = self._process.poll()
+        if code is not None and self._tail is not None:
+            self._tail.join(timeout=5)
+        # A child killed by a signal reports -N; a shell would say 128 + N (Horovod's rule).
+        return None if code is None else (128 - code if code < 0 else code)
+
+    def end(self) -> None:
+        if self._process is not None:
+            terminate(self._process)
+
+    def failure_detail(self) -> str | None:
+        return self._tail.error_line() if self._tail else None
+
+    def psutil_process(self) -> psutil.Process | None:
+        if self._process is None or self._process.poll() is not None:
+            return None
+        with contextlib.suppress(psutil.NoSuchProcess):
+            return psutil.Process(self._process.pid)
+        return None
+
+
+# --------------------------------------------------------------------------------------------
+# MPI
+
+
+class MpirunPart(_ChildProcess):
+    """The master's MPI part: mpirun, which starts every rank (over ssh on the workers) and
+    whose exit code is the job's."""
+
+    def forward_sigterm(self, grace_s: float) -> None:
+        log.info("SIGTERM: forwarding to the local ranks; %.0f s to checkpoint and exit", grace_s)
+        mpirun = self.psutil_process()
+        signal_processes(ranks_below([mpirun] if mpirun else []), signal.SIGTERM)
+
+
+class OrtedPart:
+    """A worker's MPI part: nothing to start (mpirun's orted arrives over ssh), nothing to
+    report (mpirun knows); SIGTERM goes to the ranks below orted, `end` kills orted's tree."""
+
+    def start(self) -> None:
+        pass
+
+    def poll(self) -> int | None:
+        return None
+
+    def forward_sigterm(self, grace_s: float) -> None:
+        log.info("SIGTERM: forwarding to the local ranks; %.0f s to checkpoint and exit", grace_s)
+        signal_processes(ranks_below(orted_processes()), signal.SIGTERM)
+
+    def end(self) -> None:
+        kill_trees(orted_processes())
+
+    def failure_detail(self) -> str | None:
+        return None
+
+
+# --------------------------------------------------------------------------------------------
+# Per host
+
+
+class ProgramPart(_ChildProcess):
+    """Every host's part where no mpirun runs: the program itself, with this host's
+    environment (SM_CURRENT_HOST and, later, TF_CONFIG are per host)."""
+
+    def forward_sigterm(self, grace_s: float) -> None:
+        log.info("SIGTERM: forwarding to the program; %.0f s to checkpoint and exit", grace_s)
+        program = self.psutil_process()
+        signal_processes([program] if program else [], signal.SIGTERM)
