@@ -2,6 +2,10 @@
 
 Each container gets its host name (algo-1, algo-2, ... as SageMaker gives them) as hostname and
 network alias, its own /opt/ml tree, and is started as SageMaker starts it: `IMAGE train`.
+
+The network is `--internal`: no outside resolver, as on SageMaker with network isolation, so a
+lookup of a name that no longer exists takes glibc's 10 s timeout instead of failing at once, and
+failure paths that look names up show it.
 """
 
 from __future__ import annotations
@@ -50,7 +54,7 @@ class Cluster:
         return self.root / host
 
     def __post_init__(self) -> None:
-        docker_command(self.docker, "network", "create", self.network)
+        docker_command(self.docker, "network", "create", "--internal", self.network)
         for host in self.hosts:
             write_ml_tree(
                 self.ml_root(host),
@@ -82,19 +86,26 @@ class Cluster:
             docker_command(self.docker, *args, self.image, "train")
 
     def wait(self, timeout: float, hosts: Iterable[str] | None = None) -> dict[str, int]:
-        """Exit code per host; raises TimeoutError naming the hosts still running."""
-        deadline = time.monotonic() + timeout
-        codes: dict[str, int] = {}
-        for host in hosts if hosts is not None else self.hosts:
-            remaining = max(1.0, deadline - time.monotonic())
-            try:
-                result = docker_command(
-                    self.docker, "wait", self.container(host), timeout=remaining
-                )
-            except subprocess.TimeoutExpired:
-                raise TimeoutError(f"{host} still running after {timeout:.0f} s") from None
-            codes[host] = int(result.stdout.strip())
-        return codes
+        """Exit code per host; raises TimeoutError naming the hosts still running. One
+        `docker wait` for all of them: one client process whatever the host count."""
+        names = list(hosts if hosts is not None else self.hosts)
+        try:
+            result = docker_command(
+                self.docker, "wait", *map(self.container, names), timeout=timeout
+            )
+        except subprocess.TimeoutExpired:
+            running = [host for host in names if self.is_running(host)]
+            raise TimeoutError(
+                f"{', '.join(running)} still running after {timeout:.0f} s"
+            ) from None
+        return dict(zip(names, map(int, result.stdout.split()), strict=True))
+
+    def is_running(self, host: str) -> bool:
+        state = docker_command(
+            self.docker, "inspect", "--format", "{{.State.Running}}", self.container(host),
+            check=False,
+        )  # fmt: skip
+        return state.stdout.strip() == "true"
 
     def wait_for_log(self, host: str, text: str, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -123,6 +134,11 @@ class Cluster:
 
     def kill(self, host: str, signal: str = "KILL") -> None:
         docker_command(self.docker, "kill", "--signal", signal, self.container(host))
+
+    def disconnect(self, host: str) -> None:
+        """Cut `host` off the network: no FIN or RST reaches its peers, its packets vanish."""
+        docker_command(self.docker, "network", "disconnect", "--force", self.network,
+                       self.container(host))  # fmt: skip
 
     def stop(self, hosts: Iterable[str], timeout: int) -> list[subprocess.Popen]:
         """`docker stop` each host concurrently, as SageMaker signals every host at once."""

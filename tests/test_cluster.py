@@ -16,6 +16,8 @@ pytestmark = [pytest.mark.docker, pytest.mark.timeout(300)]
 PROGRAMS = Path(__file__).parent / "programs"
 # The issue's bound: any host or rank dying brings every host down within this.
 FAIL_FAST_S = 10.0
+# ... and a host cut off the network (no FIN, no RST) within this.
+CUT_DETECTION_S = 60.0
 
 
 def script_mode(seconds: float = 0.0, **extra: str) -> dict[str, str]:
@@ -67,11 +69,29 @@ def kill_mid_run(make_cluster, host_count: int, victim: str):
 
 def test_worker_killed_mid_run_fails_every_host(make_cluster):
     cluster = kill_mid_run(make_cluster, 3, victim="algo-2")
-    assert cluster.failure("algo-1").startswith(("HostLost:", "TrainingFailed:"))
+    for host in ("algo-1", "algo-3"):
+        assert cluster.failure(host).startswith("HostLost: host algo-2 lost"), cluster.describe()
 
 
 def test_master_killed_mid_run_fails_the_workers(make_cluster):
     cluster = kill_mid_run(make_cluster, 2, victim="algo-1")
+    assert cluster.failure("algo-2").startswith("MasterLost: master algo-1"), cluster.describe()
+
+
+def test_worker_cut_off_the_network_fails_every_host(make_cluster):
+    """No FIN ever comes from a host whose network is gone: the heartbeats' silence bound
+    decides, on both sides of the cut."""
+    cluster = make_cluster(3, hyperparameters=script_mode(seconds=180), code_dir=PROGRAMS)
+    cluster.start()
+    cluster.wait_for_log("algo-1", "RUNNING rank=2", timeout=120)
+    cut_at = time.time()
+    cluster.disconnect("algo-2")
+    codes = cluster.wait(timeout=90)
+    for host in cluster.hosts:
+        assert codes[host] != 0, cluster.describe()
+        assert cluster.exit_time(host) - cut_at < CUT_DETECTION_S, cluster.describe()
+    for host in ("algo-1", "algo-3"):
+        assert "algo-2" in cluster.failure(host), cluster.describe()
     assert cluster.failure("algo-2").startswith("MasterLost: master algo-1"), cluster.describe()
 
 
@@ -83,7 +103,7 @@ def test_worker_that_never_starts(make_cluster):
     assert codes["algo-1"] != 0
     assert cluster.exit_time("algo-1") - started < 5 + FAIL_FAST_S + 10, cluster.describe()
     assert cluster.failure("algo-1") == (
-        "WorkerUnreachable: hosts algo-2 did not accept ssh within 5 s (on algo-1)"
+        "WorkerUnreachable: hosts algo-2 did not connect within 5 s (on algo-1)"
     )
 
 
@@ -106,3 +126,24 @@ def test_sigterm_everywhere_checkpoints_then_stops(make_cluster, tmp_path):
     assert (checkpoints / "stopped").read_text() == "checkpoint\n"
     assert "STOPPED rank=1" in cluster.logs("algo-1")
     assert cluster.failure("algo-1").startswith("Stopped:"), cluster.describe()
+
+
+@pytest.mark.timeout(600)
+def test_a_cluster_above_the_large_cluster_threshold(make_cluster):
+    """70 hosts, one rank each, a trivial MPI program: mpirun without tree spawn, every worker
+    on the channel, every host exits 0."""
+    host_count = 70
+    cluster = make_cluster(
+        host_count,
+        hyperparameters={"sagemaker_program": "mpi_hello.py", "host_wait_timeout": "300"},
+        code_dir=PROGRAMS,
+        # 70 ranks on 2 cores: waiting ranks yield instead of spinning, or finalizing crawls.
+        env={"OMPI_MCA_mpi_yield_when_idle": "1"},
+    )
+    cluster.start()
+    codes = cluster.wait(timeout=540)
+    assert codes == dict.fromkeys(cluster.hosts, 0), cluster.describe()
+    master_log = cluster.logs("algo-1")
+    assert f"HELLO size={host_count} sum={host_count * (host_count + 1) // 2}" in master_log
+    assert "-mca plm_rsh_no_tree_spawn 1 -mca plm_rsh_num_concurrent 70" in master_log
+    assert f"all {host_count - 1} workers ready" in master_log
