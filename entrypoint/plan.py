@@ -56,6 +56,9 @@ _FORWARD_NAMES = frozenset(
         "AWS_DEFAULT_REGION",
         "AWS_ENDPOINT_URL",
         "AWS_ENDPOINT_URL_S3",
+        # The toolkit's job name and region for the program (contract.toolkit_environment).
+        "SAGEMAKER_JOB_NAME",
+        "SAGEMAKER_REGION",
     }
 )
 _FORWARD_PREFIXES = ("SM_", "HOROVOD_", "NCCL_", "TF_", "OMP_", "KMP_", "GLOO_", "MALLOC_")
@@ -87,6 +90,8 @@ class JobPlan:
     network_interface_name: str
     program_argv: tuple[str, ...]
     working_dir: Path | None
+    # sagemaker_mpi_custom_mpi_options, already split: appended to mpirun's own options.
+    custom_mpi_options: tuple[str, ...] = ()
 
     @property
     def is_master(self) -> bool:
@@ -143,6 +148,7 @@ def make_plan(contract: Contract, *, gpu_count: int, python: str = "python") -> 
         network_interface_name=contract.network_interface_name,
         program_argv=argv,
         working_dir=working_dir,
+        custom_mpi_options=contract.settings.custom_mpi_options,
     )
 
 
@@ -238,6 +244,8 @@ def build_mpirun_argv(plan: JobPlan, env: Mapping[str, str]) -> list[str]:
     for name in sorted(env):
         if is_exportable(name):
             argv += ["-x", name]
+    # The user's options come last, where the toolkit puts them, so they can add to ours.
+    argv += list(plan.custom_mpi_options)
     argv += list(plan.program_argv)
     return argv
 
