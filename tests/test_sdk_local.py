@@ -189,3 +189,23 @@ def test_tensorflow_estimator_mpi_two_hosts_two_ranks_each(
     assert {entry["SM_LOG_LEVEL"] for entry in ranks} == {"20"}
     # The TensorFlow estimator's model_dir reaches the script as --model_dir.
     assert {entry["model_dir_arg"] for entry in ranks} == {"/opt/ml/shared/model"}
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(120)
+def test_failed_requirements_install_fails_every_host_before_mpirun(make_cluster, tmp_path: Path):
+    """Script mode installs requirements.txt on every host before it serves ssh; a package pip
+    cannot install fails the job there, as BadInput naming the package."""
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "train.py").write_text("raise SystemExit('the script must not run')\n")
+    (code / "requirements.txt").write_text("--no-index\nno-such-package-sm-horovod==1.0\n")
+    cluster = make_cluster(2, hyperparameters={"sagemaker_program": "train.py"}, code_dir=code)
+    cluster.start()
+    assert cluster.wait(timeout=90) == {"algo-1": 1, "algo-2": 1}, cluster.describe()
+    for host in cluster.hosts:
+        assert cluster.failure(host) == (
+            "BadInput: requirements.txt: cannot install no-such-package-sm-horovod==1.0 "
+            "(ERROR: No matching distribution found for no-such-package-sm-horovod==1.0)"
+        ), cluster.describe()
+        assert "mpirun" not in cluster.logs(host)
