@@ -113,9 +113,12 @@ def sdk_environment(monkeypatch: pytest.MonkeyPatch, fake_aws_credentials: None,
         if os.environ.get("CI") == "true":
             pytest.fail(message, pytrace=False)
         pytest.skip(message)
-    # Only this test's SDK settings: no user or admin defaults file.
-    monkeypatch.setenv("SAGEMAKER_USER_CONFIG_OVERRIDE", str(tmp_path / "no-user-config.yaml"))
-    monkeypatch.setenv("SAGEMAKER_ADMIN_CONFIG_OVERRIDE", str(tmp_path / "no-admin-config.yaml"))
+    # Only this test's SDK defaults, for every session the SDK makes (JumpStart makes its own):
+    # telemetry opted out.
+    config = tmp_path / "sagemaker-config.yaml"
+    config.write_text(json.dumps(NO_TELEMETRY))
+    monkeypatch.setenv("SAGEMAKER_USER_CONFIG_OVERRIDE", str(config))
+    monkeypatch.setenv("SAGEMAKER_ADMIN_CONFIG_OVERRIDE", str(config))
     monkeypatch.chdir(tmp_path)
 
 
@@ -162,16 +165,18 @@ def test_tensorflow_estimator_mpi_two_hosts_two_ranks_each(
         )
         estimator.fit(wait=True)
     logs = capfd.readouterr().out
+    (tmp_path / "sdk.log").write_text(logs)
     assert attempts == [], f"the SDK tried to reach outside this machine: {attempts}"
 
     # The master logged the custom options and the full mpirun command with them.
     assert "sagemaker_mpi_custom_mpi_options: appending to mpirun: -x HOROVOD_CYCLE_TIME=1" in logs
     mpirun_lines = [line for line in logs.splitlines() if "mpirun --allow-run-as-root" in line]
     assert len(mpirun_lines) == 1, logs[-3000:]
-    assert "-np 4 -H algo-1:2,algo-2:2" in mpirun_lines[0]
+    # The SDK names its hosts algo-1-<suffix>, algo-2-<suffix>.
+    assert re.search(r"-np 4 -H algo-1-\w+:2,algo-2-\w+:2 ", mpirun_lines[0]), mpirun_lines[0]
     assert re.search(r"-x HOROVOD_CYCLE_TIME=1 python train\.py", mpirun_lines[0])
     # requirements.txt was installed on both hosts before they reported ready.
-    assert len(re.findall(r"host=algo-\d .*installing requirements\.txt", logs)) == 2
+    assert len(re.findall(r"host=algo-\d-\w+ .*installing requirements\.txt", logs)) == 2
 
     # The model landed in the SDK's output, with what every rank saw.
     model_tar = output / estimator.latest_training_job.name / "model.tar.gz"
@@ -183,7 +188,8 @@ def test_tensorflow_estimator_mpi_two_hosts_two_ranks_each(
     assert "1/saved_model.pb" in names
     assert [entry["rank"] for entry in ranks] == [0, 1, 2, 3]
     assert {entry["size"] for entry in ranks} == {4}
-    assert sorted(entry["host"] for entry in ranks) == ["algo-1", "algo-1", "algo-2", "algo-2"]
+    hosts = sorted(entry["host"] for entry in ranks)
+    assert hosts[0] == hosts[1] != hosts[2] == hosts[3], hosts
     assert {entry["HOROVOD_CYCLE_TIME"] for entry in ranks} == {"1"}
     assert {entry["SAGEMAKER_REGION"] for entry in ranks} == {REGION}
     assert {entry["SM_LOG_LEVEL"] for entry in ranks} == {"20"}
