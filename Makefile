@@ -11,6 +11,14 @@ BASE_IMAGE ?= sm-horovod-base:bookworm
 # A CA bundle for a TLS-intercepting proxy, passed to the build as a BuildKit secret.
 CA_BUNDLE  ?=
 # Any docker client with BuildKit: one with buildx, or a pre-23 client (DOCKER_BUILDKIT=1).
+# `make smoke` and `make test` set the machine up first (docker/setup-docker.sh: installs and
+# starts Docker where none answers, as root on Debian/Ubuntu) and pick such a client themselves
+# unless DOCKER= is given, in which case it is checked.
+ifneq ($(filter smoke test,$(MAKECMDGOALS)),)
+DOCKER_SETUP := $(shell DOCKER='$(if $(filter undefined,$(origin DOCKER)),,$(DOCKER))' docker/setup-docker.sh)
+$(if $(DOCKER_SETUP),,$(error docker/setup-docker.sh found no usable Docker (see its messages above)))
+DOCKER := $(DOCKER_SETUP)
+endif
 DOCKER     ?= docker
 PYTHON     ?= python3
 VENV       ?= .venv
@@ -92,12 +100,12 @@ $(VENV)/.installed: requirements-dev.txt
 
 .PHONY: smoke
 smoke: venv ## Train the built-in model on digits in one container, as SageMaker would
-	@$(DOCKER) image inspect $(IMAGE):cpu >/dev/null 2>&1 || $(MAKE) build FLAVOR=cpu
+	@$(DOCKER) image inspect $(IMAGE):cpu >/dev/null 2>&1 || $(MAKE) build FLAVOR=cpu DOCKER=$(DOCKER)
 	$(PY) -m tests.smoke --image $(IMAGE):cpu --docker $(DOCKER) --workdir build/smoke
 
 .PHONY: test
 test: venv ## Run every test: unit tests, then the cluster tests on the CPU image
-	$(MAKE) build FLAVOR=cpu
+	$(MAKE) build FLAVOR=cpu DOCKER=$(DOCKER)
 	SM_IMAGE=$(IMAGE):cpu DOCKER=$(DOCKER) $(PY) -m pytest $(PYTEST_ARGS)
 
 .PHONY: test-unit

@@ -11,22 +11,68 @@ they override the files. Everything here is pure: `parse_contract` takes texts a
 from __future__ import annotations
 
 import dataclasses
+import enum
 import json
+import logging
 import math
 import re
+import shlex
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+from sagemaker_training import params
 
 # Hyperparameters that belong to the entry point and are not passed to the training program.
 RANKS_PER_HOST = "ranks_per_host"
 HOST_WAIT_TIMEOUT = "host_wait_timeout"
 SIGTERM_GRACE_SECONDS = "sigterm_grace_seconds"
 ENTRYPOINT_HYPERPARAMETERS = (RANKS_PER_HOST, HOST_WAIT_TIMEOUT, SIGTERM_GRACE_SECONDS)
-# The toolkit's own parameters (sagemaker_program, sagemaker_region, ...) share this prefix.
-SAGEMAKER_PREFIX = "sagemaker_"
-PROGRAM_PARAM = "sagemaker_program"
-SUBMIT_DIR_PARAM = "sagemaker_submit_directory"
+# The toolkit's own parameters (sagemaker_program, sagemaker_region, ...) share this prefix; the
+# names are the sagemaker-training toolkit's (sagemaker_training/params.py), which the SageMaker
+# Python SDK sends (sagemaker/estimator.py, Framework._distribution_configuration).
+SAGEMAKER_PREFIX = params.SAGEMAKER_PREFIX
+PROGRAM_PARAM = params.USER_PROGRAM_PARAM
+SUBMIT_DIR_PARAM = params.SUBMIT_DIR_PARAM
+MPI_ENABLED_PARAM = params.MPI_ENABLED
+MPI_PROCESSES_PER_HOST_PARAM = params.MPI_PROCESSES_PER_HOST
+MPI_CUSTOM_OPTIONS_PARAM = params.MPI_CUSTOM_OPTIONS
+LOG_LEVEL_PARAM = params.LOG_LEVEL_PARAM
+JOB_NAME_PARAM = params.JOB_NAME_PARAM
+REGION_PARAM = params.REGION_NAME_PARAM
+# Not sagemaker_-prefixed, yet the toolkit keeps it from the program (SAGEMAKER_HYPERPARAMETERS).
+TUNING_METRIC_PARAM = params.TUNING_METRIC_PARAM
+# The TensorFlow estimator's own hyperparameter: passed to the script as --model_dir, as AWS's
+# TensorFlow containers do (sagemaker-tensorflow-training-toolkit, training.py main()).
+MODEL_DIR_PARAM = "model_dir"
+
+# Distributions the SDK can ask for that this image cannot run: the SDK's hyperparameter name
+# (sagemaker/estimator.py, sagemaker/pytorch/estimator.py) -> why not, and what to do instead.
+# Each fails the job before anything starts, never a silent fallback to mpirun.
+_USE_MPI = "use distribution={'mpi': {'enabled': True}} with a Horovod script"
+UNSUPPORTED_DISTRIBUTIONS: Mapping[str, str] = {
+    "sagemaker_distributed_dataparallel_enabled": (
+        "SageMaker's distributed data parallel library (smdistributed.dataparallel) exists only "
+        "in AWS's own images; its Horovod-shaped API maps onto horovod.tensorflow "
+        "(import horovod.tensorflow as hvd instead of smdistributed.dataparallel.tensorflow as "
+        f"sdp): {_USE_MPI}"
+    ),
+    "sagemaker_torch_distributed_enabled": (
+        f"torch_distributed (torchrun) needs PyTorch, which this TensorFlow image lacks: {_USE_MPI}"
+    ),
+    "sagemaker_pytorch_ddp_enabled": (
+        f"pytorchddp needs PyTorch, which this TensorFlow image lacks: {_USE_MPI}"
+    ),
+    params.PYTORCH_XLA_MULTI_WORKER_ENABLED: (
+        f"pytorchxla needs PyTorch/XLA, which this TensorFlow image lacks: {_USE_MPI}"
+    ),
+    params.MULTI_WORKER_MIRRORED_STRATEGY_ENABLED: (
+        f"multi_worker_mirrored_strategy is not supported by this image yet: {_USE_MPI}"
+    ),
+    params.PARAMETER_SERVER_ENABLED: (
+        f"parameter_server is not supported by this image yet: {_USE_MPI}"
+    ),
+}
 
 DEFAULT_HOST_WAIT_TIMEOUT_S = 300.0
 # SageMaker sends SIGKILL 120 s after SIGTERM; leave room for mpirun and the workers to end.
@@ -41,6 +87,25 @@ _INTERFACE_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,15}$")
 
 class ContractError(ValueError):
     """The SageMaker contract is unusable; the message is one line naming the source."""
+
+
+class Backend(enum.Enum):
+    """How the program runs across the hosts."""
+
+    # One mpirun over every host (the default, and distribution={"mpi": {"enabled": True}}).
+    MPI = "mpi"
+    # sagemaker_mpi_enabled=false: the toolkit's meaning, the program once per host (no
+    # mpirun across hosts); the master gathers every host's exit code over the coordination
+    # channel, so one host failing still fails the whole job.
+    PER_HOST = "per_host"
+
+    @property
+    def needs_ssh(self) -> bool:
+        return self is Backend.MPI
+
+    @property
+    def workers_report_exit(self) -> bool:
+        return self is Backend.PER_HOST
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,11 +165,17 @@ Program = BuiltinProgram | UserScript
 
 @dataclasses.dataclass(frozen=True)
 class EntrypointSettings:
-    """The entry point's own hyperparameters."""
+    """The entry point's own hyperparameters, and the toolkit's that the entry point acts on."""
 
+    # ranks_per_host, or the toolkit's sagemaker_mpi_num_of_processes_per_host.
     ranks_per_host: int | None = None
     host_wait_timeout_s: float = DEFAULT_HOST_WAIT_TIMEOUT_S
     sigterm_grace_s: float = DEFAULT_SIGTERM_GRACE_S
+    backend: Backend = Backend.MPI
+    # sagemaker_mpi_custom_mpi_options, split as a shell would; appended to mpirun's options.
+    custom_mpi_options: tuple[str, ...] = ()
+    # sagemaker_container_log_level: the entry point's logging level (the toolkit's meaning).
+    log_level: int = logging.INFO
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,6 +198,9 @@ class Contract:
     settings: EntrypointSettings
     job_name: str | None
     paths: ContractPaths = ContractPaths()
+    # Variables the toolkit sets for the program (SAGEMAKER_JOB_NAME, SAGEMAKER_REGION,
+    # SM_LOG_LEVEL): environment.py Environment.__init__ and to_env_vars().
+    toolkit_environment: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     @property
     def master_host(self) -> str:
@@ -143,6 +217,10 @@ class Contract:
     @property
     def sigterm_grace_s(self) -> float:
         return self.settings.sigterm_grace_s
+
+    @property
+    def backend(self) -> Backend:
+        return self.settings.backend
 
 
 def choose_master(hosts: tuple[str, ...]) -> str:
@@ -206,31 +284,157 @@ def _positive_number(name: str, raw: Any, *, integer: bool) -> float:
     return number
 
 
+def _boolean(name: str, raw: Any) -> bool:
+    """The SDK sends JSON booleans (`true`); the strings a person types are accepted too."""
+    if isinstance(raw, bool):
+        return raw
+    text = hyperparameter_text(raw).strip().lower()
+    if text in ("true", "false"):
+        return text == "true"
+    raise ContractError(f"hyperparameter {name}={hyperparameter_text(raw)!r} is not true or false")
+
+
+def _requested_ranks_per_host(hyperparameters: Mapping[str, Any]) -> int | None:
+    """ranks_per_host is the short name of the toolkit's sagemaker_mpi_num_of_processes_per_host
+    (what the SDK's distribution={"mpi": {"processes_per_host": N}} sends); both may be given
+    only if they agree."""
+    values = {
+        name: int(_positive_number(name, hyperparameters[name], integer=True))
+        for name in (RANKS_PER_HOST, MPI_PROCESSES_PER_HOST_PARAM)
+        if name in hyperparameters
+    }
+    if len(set(values.values())) > 1:
+        given = " and ".join(f"{name}={value}" for name, value in values.items())
+        raise ContractError(f"hyperparameters {given} disagree: give one of them")
+    return next(iter(values.values()), None)
+
+
+def parse_custom_mpi_options(text: str) -> tuple[str, ...]:
+    """sagemaker_mpi_custom_mpi_options, split as a shell would. The toolkit's one option of its
+    own, `--NCCL_DEBUG LEVEL` (sagemaker_training/mpi.py _parse_custom_mpi_options), becomes
+    what the toolkit makes of it: `-x NCCL_DEBUG=LEVEL`; everything else goes to mpirun as is."""
+    try:
+        words = shlex.split(text)
+    except ValueError as error:
+        raise ContractError(
+            f"hyperparameter {MPI_CUSTOM_OPTIONS_PARAM}={text!r} cannot be split ({error})"
+        ) from None
+    options: list[str] = []
+    index = 0
+    while index < len(words):
+        word = words[index]
+        if word == "--NCCL_DEBUG" or word.startswith("--NCCL_DEBUG="):
+            if "=" in word:
+                level = word.partition("=")[2]
+            elif index + 1 < len(words):
+                index += 1
+                level = words[index]
+            else:
+                level = ""
+            if not level:
+                raise ContractError(
+                    f"hyperparameter {MPI_CUSTOM_OPTIONS_PARAM}={text!r}: "
+                    "--NCCL_DEBUG needs a level"
+                )
+            options += ["-x", f"NCCL_DEBUG={level}"]
+        else:
+            options.append(word)
+        index += 1
+    return tuple(options)
+
+
+def _log_level(raw: Any) -> int:
+    """sagemaker_container_log_level: a logging level number, as the SDK sends it (20 for
+    INFO), or its name."""
+    text = hyperparameter_text(raw).strip()
+    if text.isdigit() and 0 <= int(text) <= logging.CRITICAL:
+        return int(text)
+    level = logging.getLevelName(text.upper())
+    if isinstance(level, int):
+        return level
+    raise ContractError(
+        f"hyperparameter {LOG_LEVEL_PARAM}={text!r} is not a logging level "
+        "(10, 20, 30, 40, 50 or DEBUG, INFO, WARNING, ERROR, CRITICAL)"
+    )
+
+
+def _check_distribution_supported(hyperparameters: Mapping[str, Any]) -> None:
+    for name, why in UNSUPPORTED_DISTRIBUTIONS.items():
+        if name in hyperparameters and _boolean(name, hyperparameters[name]):
+            raise ContractError(f"hyperparameter {name}=true: {why}")
+
+
 def parse_entrypoint_settings(hyperparameters: Mapping[str, Any]) -> EntrypointSettings:
-    """Read the entry point's own hyperparameters (decoded values); the launcher checks a job's
-    request with this same function before it is sent."""
+    """Read the entry point's own hyperparameters and the toolkit's it acts on (decoded values);
+    the launcher checks a job's request with this same function before it is sent."""
 
     def seconds(name: str, default: float) -> float:
         if name not in hyperparameters:
             return default
         return _positive_number(name, hyperparameters[name], integer=False)
 
-    ranks = None
-    if RANKS_PER_HOST in hyperparameters:
-        ranks = int(_positive_number(RANKS_PER_HOST, hyperparameters[RANKS_PER_HOST], integer=True))
+    _check_distribution_supported(hyperparameters)
+    mpi_enabled = (
+        _boolean(MPI_ENABLED_PARAM, hyperparameters[MPI_ENABLED_PARAM])
+        if MPI_ENABLED_PARAM in hyperparameters
+        else True
+    )
+    custom_options = hyperparameters.get(MPI_CUSTOM_OPTIONS_PARAM)
     return EntrypointSettings(
-        ranks_per_host=ranks,
+        ranks_per_host=_requested_ranks_per_host(hyperparameters),
         host_wait_timeout_s=seconds(HOST_WAIT_TIMEOUT, DEFAULT_HOST_WAIT_TIMEOUT_S),
         sigterm_grace_s=seconds(SIGTERM_GRACE_SECONDS, DEFAULT_SIGTERM_GRACE_S),
+        backend=Backend.MPI if mpi_enabled else Backend.PER_HOST,
+        custom_mpi_options=(
+            parse_custom_mpi_options(hyperparameter_text(custom_options))
+            if custom_options not in (None, "")
+            else ()
+        ),
+        log_level=(
+            _log_level(hyperparameters[LOG_LEVEL_PARAM])
+            if LOG_LEVEL_PARAM in hyperparameters
+            else logging.INFO
+        ),
     )
 
 
-def program_hyperparameters(hyperparameters: Mapping[str, Any]) -> dict[str, str]:
-    """What the training program gets: all but the entry point's and the toolkit's own."""
-    return {
+def program_hyperparameters(
+    hyperparameters: Mapping[str, Any], *, job_name: str | None = None
+) -> dict[str, str]:
+    """What the training program gets: all but the entry point's and the toolkit's own.
+
+    As in AWS's TensorFlow containers, a tuning job's model_dir (an S3 prefix every training
+    job of the tuning job shares) gets the job's name appended, so jobs do not overwrite each
+    other's checkpoints."""
+    program = {
         name: hyperparameter_text(value)
         for name, value in sorted(hyperparameters.items())
-        if name not in ENTRYPOINT_HYPERPARAMETERS and not name.startswith(SAGEMAKER_PREFIX)
+        if name not in ENTRYPOINT_HYPERPARAMETERS
+        and name != TUNING_METRIC_PARAM
+        and not name.startswith(SAGEMAKER_PREFIX)
+    }
+    model_dir = program.get(MODEL_DIR_PARAM)
+    if (
+        TUNING_METRIC_PARAM in hyperparameters
+        and model_dir
+        and job_name
+        and not model_dir.startswith("/opt/ml")
+    ):
+        program[MODEL_DIR_PARAM] = f"{model_dir}/{job_name}/model"
+    return program
+
+
+def toolkit_environment(
+    hyperparameters: Mapping[str, Any], env: Mapping[str, str], log_level: int
+) -> dict[str, str]:
+    """The variables the toolkit sets for the program from its hyperparameters: the job name
+    and region (sagemaker_job_name, sagemaker_region, else the container's AWS_REGION), and
+    SM_LOG_LEVEL."""
+    region = hyperparameters.get(REGION_PARAM) or env.get("AWS_REGION") or ""
+    return {
+        params.JOB_NAME_ENV: hyperparameter_text(hyperparameters.get(JOB_NAME_PARAM, "")),
+        params.REGION_NAME_ENV: hyperparameter_text(region),
+        "SM_LOG_LEVEL": str(log_level),
     }
 
 
@@ -345,20 +549,24 @@ def parse_contract(
         settings = parse_entrypoint_settings(decoded)
     except ContractError as error:
         raise ContractError(f"{paths.hyperparameters}: {error}") from None
+    job_name = (
+        env.get("TRAINING_JOB_NAME") or hyperparameter_text(decoded.get(JOB_NAME_PARAM, "")) or None
+    )
     return Contract(
         current_host=current_host,
         hosts=tuple(sorted(hosts)),
         network_interface_name=interface,
         current_instance_type=str(resource_config.get("current_instance_type", "local")),
-        program_hyperparameters=program_hyperparameters(decoded),
+        program_hyperparameters=program_hyperparameters(decoded, job_name=job_name),
         all_hyperparameters=decoded,
         channels=tuple(sorted(input_data_config)),
         input_data_config=input_data_config,
         resource_config=resource_config,
         program=_parse_program(decoded, env),
         settings=settings,
-        job_name=env.get("TRAINING_JOB_NAME") or None,
+        job_name=job_name,
         paths=paths,
+        toolkit_environment=toolkit_environment(decoded, env, settings.log_level),
     )
 
 

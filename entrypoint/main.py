@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import logging
 import os
+import re
+import subprocess
 import sys
 import threading
 from collections.abc import Mapping, Sequence
@@ -15,6 +17,8 @@ from pathlib import Path
 
 from entrypoint import protocol, sshkeys, supervise
 from entrypoint.contract import (
+    MPI_CUSTOM_OPTIONS_PARAM,
+    Backend,
     BuiltinProgram,
     Contract,
     ContractError,
@@ -26,7 +30,6 @@ from entrypoint.coordination import MasterChannel, WorkerChannel
 from entrypoint.failure import Reason, format_failure, record_failure
 from entrypoint.launchers import LocalPart, MpirunPart, OrtedPart, ProgramPart
 from entrypoint.plan import (
-    Backend,
     JobPlan,
     build_mpirun_argv,
     format_command,
@@ -39,8 +42,17 @@ from model.hparams import parse_hyperparameters
 
 log = logging.getLogger("entrypoint")
 
+REQUIREMENTS_FILE = "requirements.txt"
+# pip's own lines naming the requirement it could not install.
+_PIP_FAILED_REQUIREMENT = (
+    re.compile(r"No matching distribution found for (\S+)"),
+    re.compile(r"Could not find a version that satisfies the requirement (\S+)"),
+    re.compile(r"Failed to build (\S+)"),
+    re.compile(r"Failed building wheel for (\S+)"),
+)
 
-def configure_logging(host: str, role: str) -> None:
+
+def configure_logging(host: str, role: str, level: int = logging.INFO) -> None:
     """Logs go to stdout (SageMaker ships stdout to CloudWatch), host and role on every line."""
     handler = logging.StreamHandler(sys.stdout)
     handler.setFormatter(
@@ -50,7 +62,7 @@ def configure_logging(host: str, role: str) -> None:
     )
     root = logging.getLogger()
     root.handlers[:] = [handler]
-    root.setLevel(logging.INFO)
+    root.setLevel(level)
 
 
 def _validate_builtin_program(contract: Contract) -> None:
@@ -63,6 +75,45 @@ def _validate_builtin_program(contract: Contract) -> None:
         parse_hyperparameters(contract.program_hyperparameters)
     except ValueError as error:
         raise ContractError(f"{paths.hyperparameters}: {error}") from None
+
+
+def failed_requirement(pip_output: str) -> str | None:
+    """The requirement pip names as the one it could not install, if it names one."""
+    for pattern in _PIP_FAILED_REQUIREMENT:
+        match = pattern.search(pip_output)
+        if match:
+            return match.group(1).rstrip(".,:")
+    return None
+
+
+def last_error_line(output: str) -> str:
+    """pip's last ERROR line (else its last line): the one that says what went wrong."""
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("ERROR:")]
+    return (errors or lines or ["(no output)"])[-1]
+
+
+def _install_requirements(code_dir: Path) -> None:
+    """What the toolkit does for script mode (entry_point.install): pip install -r
+    requirements.txt from the source directory, into the image's Python, on every host."""
+    requirements = code_dir / REQUIREMENTS_FILE
+    if not requirements.is_file():
+        return
+    log.info("installing %s from the source directory", REQUIREMENTS_FILE)
+    command = [
+        sys.executable, "-m", "pip", "install", "--no-input", "--disable-pip-version-check",
+        "--progress-bar", "off", "-r", REQUIREMENTS_FILE,
+    ]  # fmt: skip
+    result = subprocess.run(
+        command, cwd=code_dir, capture_output=True, text=True, check=False, stdin=subprocess.DEVNULL
+    )
+    for line in (result.stdout + result.stderr).splitlines():
+        log.info("pip: %s", line)
+    if result.returncode != 0:
+        output = result.stdout + result.stderr
+        package = failed_requirement(output)
+        what = f"cannot install {package}" if package else "pip install failed"
+        raise ContractError(f"{REQUIREMENTS_FILE}: {what} ({last_error_line(output)})")
 
 
 def _prepare_user_code(program: UserScript, paths: ContractPaths) -> None:
@@ -85,6 +136,8 @@ def _prepare_user_code(program: UserScript, paths: ContractPaths) -> None:
         raise ContractError(
             f"sagemaker_program {program.program}: no such file in {paths.code_dir}"
         )
+    # Before this host serves ssh or reports ready: a failed install fails the job here.
+    _install_requirements(paths.code_dir)
 
 
 def _job_seed(env: Mapping[str, str]) -> bytes:
@@ -157,13 +210,21 @@ def _supervise(
 def run(env: Mapping[str, str], paths: ContractPaths) -> int:
     contract = read_contract(paths, env)
     role = "master" if contract.current_host == contract.master_host else "worker"
-    configure_logging(contract.current_host, role)
+    configure_logging(contract.current_host, role, contract.settings.log_level)
+    # The toolkit's SAGEMAKER_JOB_NAME, SAGEMAKER_REGION and SM_LOG_LEVEL reach the program.
+    env = {**env, **contract.toolkit_environment}
     log.info(
         "job %s: hosts %s, interface %s",
         contract.job_name or "(unnamed)",
         ",".join(contract.hosts),
         contract.network_interface_name,
     )
+    if contract.settings.custom_mpi_options:
+        log.info(
+            "%s: appending to mpirun: %s",
+            MPI_CUSTOM_OPTIONS_PARAM,
+            format_command(list(contract.settings.custom_mpi_options)),
+        )
     if isinstance(contract.program, BuiltinProgram):
         _validate_builtin_program(contract)
     gpu_count = supervise.detect_gpu_count()

@@ -8,7 +8,6 @@ by name (`-x NAME`, sorted, through one filter) so values stay out of argv and l
 from __future__ import annotations
 
 import dataclasses
-import enum
 import re
 import shlex
 from collections.abc import Mapping
@@ -16,7 +15,7 @@ from pathlib import Path
 
 from sagemaker_training import mapping
 
-from entrypoint.contract import BuiltinProgram, Contract, ContractError, UserScript
+from entrypoint.contract import Backend, BuiltinProgram, Contract, ContractError, UserScript
 
 # The launcher's per-job secret for the ssh keys; never forwarded to ranks, never logged.
 SSH_SEED_ENV = "SM_HVD_SSH_SEED"
@@ -62,6 +61,9 @@ _FORWARD_NAMES = frozenset(
         "AWS_DEFAULT_REGION",
         "AWS_ENDPOINT_URL",
         "AWS_ENDPOINT_URL_S3",
+        # The toolkit's job name and region for the program (contract.toolkit_environment).
+        "SAGEMAKER_JOB_NAME",
+        "SAGEMAKER_REGION",
     }
 )
 _FORWARD_PREFIXES = ("SM_", "HOROVOD_", "NCCL_", "TF_", "OMP_", "KMP_", "GLOO_", "MALLOC_")
@@ -82,23 +84,6 @@ _HOROVOD_DEFAULTS = {
 }
 
 
-class Backend(enum.Enum):
-    """How the hosts run the program."""
-
-    # The master runs mpirun, which starts every rank over ssh; its exit code is the job's.
-    MPI = "mpi"
-    # Every host runs the program itself; the master gathers the exit codes over the channel.
-    PER_HOST = "per-host"
-
-    @property
-    def needs_ssh(self) -> bool:
-        return self is Backend.MPI
-
-    @property
-    def workers_report_exit(self) -> bool:
-        return self is Backend.PER_HOST
-
-
 @dataclasses.dataclass(frozen=True)
 class JobPlan:
     """The decisions the master and workers act on."""
@@ -111,6 +96,8 @@ class JobPlan:
     program_argv: tuple[str, ...]
     working_dir: Path | None
     backend: Backend = Backend.MPI
+    # sagemaker_mpi_custom_mpi_options, already split: appended to mpirun's own options.
+    custom_mpi_options: tuple[str, ...] = ()
 
     @property
     def is_master(self) -> bool:
@@ -155,9 +142,7 @@ def program_argv(
     raise AssertionError(f"unknown program {contract.program!r}")
 
 
-def make_plan(
-    contract: Contract, *, gpu_count: int, python: str = "python", backend: Backend = Backend.MPI
-) -> JobPlan:
+def make_plan(contract: Contract, *, gpu_count: int, python: str = "python") -> JobPlan:
     """Decide the job's shape. The master detects GPUs on its own host and assumes the cluster is
     homogeneous, as SageMaker's single instance type guarantees."""
     argv, working_dir = program_argv(contract, python=python)
@@ -169,7 +154,8 @@ def make_plan(
         network_interface_name=contract.network_interface_name,
         program_argv=argv,
         working_dir=working_dir,
-        backend=backend,
+        backend=contract.backend,
+        custom_mpi_options=contract.settings.custom_mpi_options,
     )
 
 
@@ -266,6 +252,8 @@ def build_mpirun_argv(plan: JobPlan, env: Mapping[str, str]) -> list[str]:
     for name in sorted(env):
         if is_exportable(name):
             argv += ["-x", name]
+    # The user's options come last, where the toolkit puts them, so they can add to ours.
+    argv += list(plan.custom_mpi_options)
     argv += list(plan.program_argv)
     return argv
 

@@ -3,19 +3,24 @@
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import pytest
 
 from entrypoint.contract import (
+    Backend,
     BuiltinProgram,
     ContractError,
     ContractPaths,
+    EntrypointSettings,
     UserScript,
     choose_master,
     parse_contract,
+    parse_custom_mpi_options,
     read_contract,
 )
+from entrypoint.main import failed_requirement, last_error_line
 from entrypoint.plan import make_plan
 
 RESOURCE = {
@@ -167,3 +172,215 @@ def test_read_contract_from_env_alone(tmp_path: Path):
         ContractPaths(tmp_path), {"SM_HOSTS": '["algo-1"]', "SM_CURRENT_HOST": "algo-1"}
     )
     assert contract.hosts == ("algo-1",)
+
+
+# --- the sagemaker-training toolkit's hyperparameters, as the SageMaker Python SDK sends them
+
+
+def sdk_hyperparameters(**overrides):
+    """What TensorFlow(..., distribution={"mpi": {...}}) sends: every value JSON-encoded."""
+    hyperparameters = {
+        "sagemaker_program": '"train.py"',
+        "sagemaker_submit_directory": '"s3://bucket/job/source/sourcedir.tar.gz"',
+        "sagemaker_container_log_level": "20",
+        "sagemaker_job_name": '"tf-hvd-2026-11-22"',
+        "sagemaker_region": '"eu-west-1"',
+        "sagemaker_mpi_enabled": "true",
+        "sagemaker_mpi_num_of_processes_per_host": "2",
+        "sagemaker_mpi_custom_mpi_options": '"-x HOROVOD_CYCLE_TIME=1"',
+        "model_dir": '"/opt/ml/model"',
+        "epochs": "3",
+    }
+    hyperparameters.update(overrides)
+    return hyperparameters
+
+
+def test_sdk_mpi_distribution_is_honoured():
+    contract = parse(hyperparameters=sdk_hyperparameters(), env={"TRAINING_JOB_NAME": "job-1"})
+    assert contract.settings == EntrypointSettings(
+        ranks_per_host=2,
+        backend=Backend.MPI,
+        custom_mpi_options=("-x", "HOROVOD_CYCLE_TIME=1"),
+        log_level=logging.INFO,
+    )
+    assert contract.program == UserScript("train.py", "s3://bucket/job/source/sourcedir.tar.gz")
+    # model_dir reaches the script as --model_dir, as in AWS's TensorFlow containers.
+    assert contract.program_hyperparameters == {"epochs": "3", "model_dir": "/opt/ml/model"}
+    assert contract.toolkit_environment == {
+        "SAGEMAKER_JOB_NAME": "tf-hvd-2026-11-22",
+        "SAGEMAKER_REGION": "eu-west-1",
+        "SM_LOG_LEVEL": "20",
+    }
+    assert contract.job_name == "job-1"
+
+
+def test_toolkit_defaults_without_its_hyperparameters():
+    contract = parse(hyperparameters={"epochs": "1"}, env={"AWS_REGION": "us-west-2"})
+    assert contract.settings == EntrypointSettings()
+    assert contract.backend is Backend.MPI
+    assert contract.toolkit_environment == {
+        "SAGEMAKER_JOB_NAME": "",
+        "SAGEMAKER_REGION": "us-west-2",
+        "SM_LOG_LEVEL": "20",
+    }
+    assert contract.job_name is None
+
+
+def test_job_name_falls_back_to_the_hyperparameter():
+    contract = parse(hyperparameters={"sagemaker_job_name": '"from-sdk"'})
+    assert contract.job_name == "from-sdk"
+
+
+def test_mpi_disabled_is_the_per_host_backend():
+    assert parse(hyperparameters={"sagemaker_mpi_enabled": "false"}).backend is Backend.PER_HOST
+    assert parse(hyperparameters={"sagemaker_mpi_enabled": "True"}).backend is Backend.MPI
+
+
+@pytest.mark.parametrize(
+    ("hyperparameters", "ranks"),
+    [
+        ({"ranks_per_host": "3"}, 3),
+        ({"sagemaker_mpi_num_of_processes_per_host": "4"}, 4),
+        ({"ranks_per_host": "2", "sagemaker_mpi_num_of_processes_per_host": "2"}, 2),
+        ({}, None),
+    ],
+)
+def test_ranks_per_host_has_two_names(hyperparameters, ranks):
+    assert parse(hyperparameters=hyperparameters).ranks_per_host == ranks
+
+
+@pytest.mark.parametrize(
+    ("level", "expected"),
+    [("10", logging.DEBUG), ("40", logging.ERROR), ('"WARNING"', logging.WARNING),
+     ('"debug"', logging.DEBUG), ("0", 0)],
+)  # fmt: skip
+def test_container_log_level(level, expected):
+    contract = parse(hyperparameters={"sagemaker_container_log_level": level})
+    assert contract.settings.log_level == expected
+    assert contract.toolkit_environment["SM_LOG_LEVEL"] == str(expected)
+
+
+def test_tuning_jobs_get_their_own_model_dir():
+    hyperparameters = {"_tuning_objective_metric": '"loss"', "model_dir": '"s3://b/prefix"'}
+    contract = parse(hyperparameters=hyperparameters, env={"TRAINING_JOB_NAME": "tune-001"})
+    assert contract.program_hyperparameters == {"model_dir": "s3://b/prefix/tune-001/model"}
+    hyperparameters["model_dir"] = '"/opt/ml/model"'
+    contract = parse(hyperparameters=hyperparameters, env={"TRAINING_JOB_NAME": "tune-001"})
+    assert contract.program_hyperparameters == {"model_dir": "/opt/ml/model"}
+
+
+@pytest.mark.parametrize(
+    ("text", "options"),
+    [
+        ("-x HOROVOD_CYCLE_TIME=1", ("-x", "HOROVOD_CYCLE_TIME=1")),
+        ("--mca btl_tcp_links 4  -x A='b c'", ("--mca", "btl_tcp_links", "4", "-x", "A=b c")),
+        ("--NCCL_DEBUG WARN -x B", ("-x", "NCCL_DEBUG=WARN", "-x", "B")),
+        ("--NCCL_DEBUG=INFO", ("-x", "NCCL_DEBUG=INFO")),
+        ("", ()),
+    ],
+)
+def test_custom_mpi_options_are_split_like_a_shell(text, options):
+    assert parse_custom_mpi_options(text) == options
+
+
+def test_empty_custom_mpi_options_from_the_sdk():
+    # The SDK always sends the key, "" when custom_mpi_options is not given.
+    contract = parse(hyperparameters={"sagemaker_mpi_custom_mpi_options": '""'})
+    assert contract.settings.custom_mpi_options == ()
+
+
+_SMDDP_WHY = (
+    "hyperparameter sagemaker_distributed_dataparallel_enabled=true: SageMaker's distributed "
+    "data parallel library (smdistributed.dataparallel) exists only in AWS's own images; its "
+    "Horovod-shaped API maps onto horovod.tensorflow (import horovod.tensorflow as hvd instead "
+    "of smdistributed.dataparallel.tensorflow as sdp): use distribution={'mpi': {'enabled': "
+    "True}} with a Horovod script"
+)
+_USE_MPI = "use distribution={'mpi': {'enabled': True}} with a Horovod script"
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("sagemaker_distributed_dataparallel_enabled", _SMDDP_WHY),
+        ("sagemaker_torch_distributed_enabled",
+         "hyperparameter sagemaker_torch_distributed_enabled=true: torch_distributed (torchrun) "
+         f"needs PyTorch, which this TensorFlow image lacks: {_USE_MPI}"),
+        ("sagemaker_pytorch_ddp_enabled",
+         "hyperparameter sagemaker_pytorch_ddp_enabled=true: pytorchddp needs PyTorch, which "
+         f"this TensorFlow image lacks: {_USE_MPI}"),
+        ("sagemaker_pytorch_xla_multi_worker_enabled",
+         "hyperparameter sagemaker_pytorch_xla_multi_worker_enabled=true: pytorchxla needs "
+         f"PyTorch/XLA, which this TensorFlow image lacks: {_USE_MPI}"),
+        ("sagemaker_multi_worker_mirrored_strategy_enabled",
+         "hyperparameter sagemaker_multi_worker_mirrored_strategy_enabled=true: "
+         f"multi_worker_mirrored_strategy is not supported by this image yet: {_USE_MPI}"),
+        ("sagemaker_parameter_server_enabled",
+         "hyperparameter sagemaker_parameter_server_enabled=true: parameter_server is not "
+         f"supported by this image yet: {_USE_MPI}"),
+    ],
+)  # fmt: skip
+def test_distributions_this_image_cannot_run(name, message):
+    with pytest.raises(ContractError) as raised:
+        parse(hyperparameters={name: "true"})
+    assert str(raised.value) == f"{Path('/opt/ml/input/config/hyperparameters.json')}: {message}"
+    # The SDK sends false for the ones it was not asked for: those are fine.
+    assert parse(hyperparameters={name: "false"}).backend is Backend.MPI
+
+
+@pytest.mark.parametrize(
+    ("hyperparameters", "message"),
+    [
+        ({"ranks_per_host": "2", "sagemaker_mpi_num_of_processes_per_host": "4"},
+         "hyperparameters ranks_per_host=2 and sagemaker_mpi_num_of_processes_per_host=4 "
+         "disagree: give one of them"),
+        ({"sagemaker_mpi_num_of_processes_per_host": "0"},
+         "hyperparameter sagemaker_mpi_num_of_processes_per_host='0' is not a positive integer"),
+        ({"sagemaker_mpi_enabled": '"maybe"'},
+         "hyperparameter sagemaker_mpi_enabled='maybe' is not true or false"),
+        ({"sagemaker_mpi_enabled": "1"},
+         "hyperparameter sagemaker_mpi_enabled='1' is not true or false"),
+        ({"sagemaker_mpi_custom_mpi_options": '"-x A=\\"b"'},
+         "hyperparameter sagemaker_mpi_custom_mpi_options='-x A=\"b' cannot be split "
+         "(No closing quotation)"),
+        ({"sagemaker_mpi_custom_mpi_options": '"--NCCL_DEBUG"'},
+         "hyperparameter sagemaker_mpi_custom_mpi_options='--NCCL_DEBUG': --NCCL_DEBUG needs "
+         "a level"),
+        ({"sagemaker_container_log_level": '"loud"'},
+         "hyperparameter sagemaker_container_log_level='loud' is not a logging level "
+         "(10, 20, 30, 40, 50 or DEBUG, INFO, WARNING, ERROR, CRITICAL)"),
+        ({"sagemaker_container_log_level": "99"},
+         "hyperparameter sagemaker_container_log_level='99' is not a logging level"),
+        ({"sagemaker_distributed_dataparallel_enabled": '"yes"'},
+         "hyperparameter sagemaker_distributed_dataparallel_enabled='yes' is not true or false"),
+    ],
+)  # fmt: skip
+def test_toolkit_hyperparameter_errors_are_one_line(hyperparameters, message):
+    with pytest.raises(ContractError) as raised:
+        parse(hyperparameters=hyperparameters)
+    text = str(raised.value)
+    assert text.startswith(f"{Path('/opt/ml/input/config/hyperparameters.json')}: {message}")
+    assert "\n" not in text
+
+
+# --- script mode: requirements.txt, pip's output
+
+
+@pytest.mark.parametrize(
+    ("output", "package"),
+    [
+        ("ERROR: Could not find a version that satisfies the requirement nosuchpkg==1.0 "
+         "(from versions: none)\nERROR: No matching distribution found for nosuchpkg==1.0\n",
+         "nosuchpkg==1.0"),
+        ("  error: subprocess-exited-with-error\nERROR: Failed to build badwheel\n", "badwheel"),
+        ("ERROR: Invalid requirement: '!!'\n", None),
+    ],
+)  # fmt: skip
+def test_failed_requirement_names_the_package(output, package):
+    assert failed_requirement(output) == package
+
+
+def test_last_error_line():
+    assert last_error_line("a\nERROR: first\nb\nERROR: second\nc\n") == "ERROR: second"
+    assert last_error_line("just\nlines\n") == "lines"
+    assert last_error_line("") == "(no output)"

@@ -148,3 +148,29 @@ def test_launch_settings_by_host_count(host_count, flags):
     rsh_args = argv.index("plm_rsh_args") + 2
     assert argv[rsh_args : rsh_args + len(flags)] == flags
     assert argv[rsh_args + len(flags)] == "python"
+
+
+def test_sdk_mpi_distribution_shapes_the_command():
+    """distribution={"mpi": {"enabled": True, "processes_per_host": 2, "custom_mpi_options":
+    ...}} as the SDK encodes it: 2 ranks per host, the options after ours, before the program."""
+    hyperparameters = {
+        "sagemaker_program": '"train.py"',
+        "sagemaker_mpi_enabled": "true",
+        "sagemaker_mpi_num_of_processes_per_host": "2",
+        "sagemaker_mpi_custom_mpi_options": '"-x HOROVOD_CYCLE_TIME=1 --mca btl_tcp_links 2"',
+        "model_dir": '"/opt/ml/model"',
+    }
+    plan = make_plan(contract(hyperparameters=hyperparameters), gpu_count=0)
+    assert plan.ranks_per_host == 2
+    argv = build_mpirun_argv(plan, {"PATH": "/usr/bin", "SAGEMAKER_JOB_NAME": "j"})
+    assert argv[argv.index("-np") + 1] == "4"
+    assert argv[argv.index("-H") + 1] == "algo-1:2,algo-2:2"
+    assert argv[-11:] == [
+        "-x", "SAGEMAKER_JOB_NAME", "-x", "HOROVOD_CYCLE_TIME=1", "--mca", "btl_tcp_links", "2",
+        "python", "train.py", "--model_dir", "/opt/ml/model",
+    ]  # fmt: skip
+
+
+def test_processes_per_host_overrides_the_gpu_count():
+    hyperparameters = {"sagemaker_mpi_num_of_processes_per_host": "1", "epochs": "1"}
+    assert make_plan(contract(hyperparameters=hyperparameters), gpu_count=8).ranks_per_host == 1

@@ -1,0 +1,217 @@
+"""The SageMaker Python SDK (v2) launching our image the way users' notebooks do, in local mode.
+
+A real client end to end: `TensorFlow(entry_point=..., source_dir=..., image_uri=<our image>,
+instance_count=2, distribution={"mpi": {...}})`, `fit()`, and the SDK's own docker-compose run
+of two "hosts". Nothing may leave this machine: fake credentials and region, telemetry opted
+out, local code (no S3 upload), and an audit hook that records every outside connection the
+test process tries.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+PROGRAM_DIR = Path(__file__).parent / "programs" / "sdk_keras"
+FAKE_ROLE = "arn:aws:iam::123456789012:role/SageMakerRole"
+REGION = "us-east-1"
+# The SDK defaults config (sagemaker/config/config_schema.py TELEMETRY_OPT_OUT_PATH).
+NO_TELEMETRY = {
+    "SchemaVersion": "1.0",
+    "SageMaker": {"PythonSDK": {"Modules": {"TelemetryOptOut": True}}},
+}
+
+
+def _is_local(host: object) -> bool:
+    if host in (None, "", "localhost"):
+        return True
+    try:
+        address = ipaddress.ip_address(str(host))
+    except ValueError:
+        return False
+    return address.is_loopback or address.is_private or address.is_unspecified
+
+
+@contextlib.contextmanager
+def outside_connections() -> Iterator[list[str]]:
+    """Every name lookup or connection to a non-local address this process attempts while
+    the block runs (sys.addaudithook: socket.getaddrinfo and socket.connect events)."""
+    attempts: list[str] = []
+    active = [True]
+
+    def hook(event: str, args: tuple) -> None:
+        if not active[0]:
+            return
+        if event == "socket.getaddrinfo" and not _is_local(args[0]):
+            attempts.append(f"lookup {args[0]}")
+        elif event == "socket.connect":
+            address = args[1]
+            if isinstance(address, tuple) and not _is_local(address[0]):
+                attempts.append(f"connect {address[0]}:{address[1]}")
+
+    # Audit hooks cannot be removed; this one goes quiet when the block ends.
+    sys.addaudithook(hook)
+    try:
+        yield attempts
+    finally:
+        active[0] = False
+
+
+def _compose_available() -> bool:
+    """What the SDK looks for (sagemaker/local/image.py _get_compose_cmd_prefix)."""
+    if shutil.which("docker-compose"):
+        return True
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        result = subprocess.run(
+            ["docker", "compose", "version"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+        return "v2" in result.stdout
+    return False
+
+
+def _remove_containers(docker: str, container_root: Path) -> None:
+    """The SDK leaves its stopped containers behind (`up`, never `down`): remove the ones its
+    compose files name."""
+    import yaml  # noqa: PLC0415 - the SDK's own dependency
+
+    for compose_file in container_root.glob("*/docker-compose.yaml"):
+        services = yaml.safe_load(compose_file.read_text()).get("services", {})
+        names = [service["container_name"] for service in services.values()]
+        if names:
+            subprocess.run([docker, "rm", "-f", *names], capture_output=True, check=False)
+
+
+@pytest.fixture
+def container_root(tmp_path: Path, docker: str) -> Iterator[Path]:
+    root = tmp_path / "sdk"
+    root.mkdir()
+    yield root
+    _remove_containers(docker, root)
+
+
+@pytest.fixture
+def sdk_environment(monkeypatch: pytest.MonkeyPatch, fake_aws_credentials: None, tmp_path: Path):
+    # The SDK runs `docker compose` / `docker-compose` from PATH; both talk to the engine over
+    # its socket, so the docker client choice (DOCKER=) does not matter to them.
+    if not _compose_available():
+        message = "neither 'docker compose' nor docker-compose is installed"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
+    # Only this test's SDK defaults, for every session the SDK makes (JumpStart makes its own):
+    # telemetry opted out.
+    config = tmp_path / "sagemaker-config.yaml"
+    config.write_text(json.dumps(NO_TELEMETRY))
+    monkeypatch.setenv("SAGEMAKER_USER_CONFIG_OVERRIDE", str(config))
+    monkeypatch.setenv("SAGEMAKER_ADMIN_CONFIG_OVERRIDE", str(config))
+    monkeypatch.chdir(tmp_path)
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(400)
+def test_tensorflow_estimator_mpi_two_hosts_two_ranks_each(
+    sdk_environment: None,
+    container_root: Path,
+    image: str,
+    tmp_path: Path,
+    capfd: pytest.CaptureFixture[str],
+):
+    import boto3  # noqa: PLC0415 - after the fake credentials are in place
+    from sagemaker.local import LocalSession  # noqa: PLC0415
+    from sagemaker.tensorflow import TensorFlow  # noqa: PLC0415
+
+    output = tmp_path / "output"
+    output.mkdir()
+    with outside_connections() as attempts:
+        session = LocalSession(
+            boto_session=boto3.Session(region_name=REGION), sagemaker_config=NO_TELEMETRY
+        )
+        session.config = {"local": {"local_code": True, "container_root": str(container_root)}}
+        estimator = TensorFlow(
+            entry_point="train.py",
+            source_dir=str(PROGRAM_DIR),
+            image_uri=image,
+            role=FAKE_ROLE,
+            instance_count=2,
+            instance_type="local",
+            # Required even with image_uri: the SDK checks distributions against them.
+            framework_version="2.14",
+            py_version="py310",
+            distribution={
+                "mpi": {
+                    "enabled": True,
+                    "processes_per_host": 2,
+                    "custom_mpi_options": "-x HOROVOD_CYCLE_TIME=1",
+                }
+            },
+            hyperparameters={"epochs": 1},
+            output_path=f"file://{output}",
+            sagemaker_session=session,
+        )
+        estimator.fit(wait=True)
+    logs = capfd.readouterr().out
+    (tmp_path / "sdk.log").write_text(logs)
+    assert attempts == [], f"the SDK tried to reach outside this machine: {attempts}"
+
+    # The master logged the custom options and the full mpirun command with them.
+    assert "sagemaker_mpi_custom_mpi_options: appending to mpirun: -x HOROVOD_CYCLE_TIME=1" in logs
+    mpirun_lines = [line for line in logs.splitlines() if "mpirun --allow-run-as-root" in line]
+    assert len(mpirun_lines) == 1, logs[-3000:]
+    # The SDK names its hosts algo-1-<suffix>, algo-2-<suffix>.
+    assert re.search(r"-np 4 -H algo-1-\w+:2,algo-2-\w+:2 ", mpirun_lines[0]), mpirun_lines[0]
+    assert re.search(r"-x HOROVOD_CYCLE_TIME=1 python train\.py", mpirun_lines[0])
+    # requirements.txt was installed on both hosts before they reported ready.
+    assert len(re.findall(r"host=algo-\d-\w+ .*installing requirements\.txt", logs)) == 2
+
+    # The model landed in the SDK's output, with what every rank saw.
+    model_tar = output / estimator.latest_training_job.name / "model.tar.gz"
+    if not model_tar.is_file():
+        model_tar = next(output.rglob("model.tar.gz"))
+    with tarfile.open(model_tar) as archive:
+        names = archive.getnames()
+        ranks = json.load(archive.extractfile("ranks.json"))
+    assert "1/saved_model.pb" in names
+    assert [entry["rank"] for entry in ranks] == [0, 1, 2, 3]
+    assert {entry["size"] for entry in ranks} == {4}
+    hosts = sorted(entry["host"] for entry in ranks)
+    assert hosts[0] == hosts[1] != hosts[2] == hosts[3], hosts
+    assert {entry["HOROVOD_CYCLE_TIME"] for entry in ranks} == {"1"}
+    assert {entry["SAGEMAKER_REGION"] for entry in ranks} == {REGION}
+    assert {entry["SM_LOG_LEVEL"] for entry in ranks} == {"20"}
+    # The TensorFlow estimator's model_dir reaches the script as --model_dir.
+    assert {entry["model_dir_arg"] for entry in ranks} == {"/opt/ml/shared/model"}
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(120)
+def test_failed_requirements_install_fails_every_host_before_mpirun(make_cluster, tmp_path: Path):
+    """Script mode installs requirements.txt on every host before it serves ssh; a package pip
+    cannot install fails the job there, as BadInput naming the package."""
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "train.py").write_text("raise SystemExit('the script must not run')\n")
+    (code / "requirements.txt").write_text("--no-index\nno-such-package-sm-horovod==1.0\n")
+    cluster = make_cluster(2, hyperparameters={"sagemaker_program": "train.py"}, code_dir=code)
+    cluster.start()
+    assert cluster.wait(timeout=90) == {"algo-1": 1, "algo-2": 1}, cluster.describe()
+    for host in cluster.hosts:
+        assert cluster.failure(host) == (
+            "BadInput: requirements.txt: cannot install no-such-package-sm-horovod==1.0 "
+            "(ERROR: No matching distribution found for no-such-package-sm-horovod==1.0)"
+        ), cluster.describe()
+        assert "mpirun" not in cluster.logs(host)
