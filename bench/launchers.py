@@ -17,6 +17,7 @@ from pathlib import Path
 
 from bench.containers import docker_exec, poll
 from bench.workspace import CODE_MOUNT, STAND_IN_PATH, Workspace
+from entrypoint.plan import large_cluster_flags
 from tests.cluster import Cluster
 
 # The rank program's timing files, per host (each host's /opt/ml/output).
@@ -120,6 +121,8 @@ def run_floor_mpirun(cluster: Cluster, program_argv: tuple[str, ...], timeout: f
         [
             "mpirun",
             *FLOOR_MPIRUN_FLAGS,
+            # the same launch settings by host count as ours, or the floor fails above 64
+            *large_cluster_flags(len(cluster.hosts)),
             "-np",
             str(len(cluster.hosts)),
             "-H",

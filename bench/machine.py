@@ -63,7 +63,7 @@ def _memory_gib() -> float:
     return 0.0
 
 
-def _commit() -> str:
+def commit() -> str:
     def git(*args: str) -> str:
         return subprocess.run(
             ["git", *args], cwd=REPO, capture_output=True, text=True, check=False
@@ -87,7 +87,7 @@ def describe_machine(docker: str, image: str) -> Machine:
         memory_gib=round(_memory_gib(), 1),
         kernel=platform.release(),
         docker_engine=engine,
-        commit=_commit(),
+        commit=commit(),
         image=image,
         image_versions=image_versions(docker, image),
     )

@@ -147,3 +147,37 @@ def test_a_cluster_above_the_large_cluster_threshold(make_cluster):
     assert f"HELLO size={host_count} sum={host_count * (host_count + 1) // 2}" in master_log
     assert "-mca plm_rsh_no_tree_spawn 1 -mca plm_rsh_num_concurrent 70" in master_log
     assert f"all {host_count - 1} workers ready" in master_log
+
+
+def test_mpi_disabled_runs_once_per_host(make_cluster):
+    cluster = make_cluster(
+        2,
+        hyperparameters={"sagemaker_program": "per_host.py", "sagemaker_mpi_enabled": "false"},
+        code_dir=PROGRAMS,
+    )
+    cluster.start()
+    assert cluster.wait(timeout=120) == {"algo-1": 0, "algo-2": 0}, cluster.describe()
+    for host in cluster.hosts:
+        assert f"PER_HOST host={host} " in cluster.logs(host), cluster.describe()
+    assert "mpirun" not in cluster.logs("algo-1")
+
+
+def test_mpi_disabled_one_host_failing_fails_every_host(make_cluster):
+    cluster = make_cluster(
+        3,
+        hyperparameters={
+            "sagemaker_program": "per_host.py",
+            "sagemaker_mpi_enabled": "false",
+            "fail-on": "algo-3",
+            "seconds": "120",
+        },
+        code_dir=PROGRAMS,
+    )
+    cluster.start()
+    codes = cluster.wait(timeout=60)
+    assert codes == {"algo-1": 1, "algo-2": 1, "algo-3": 1}, cluster.describe()
+    expected = (
+        "TrainingFailed: the program exited with code 1; "
+        "last error: RuntimeError: failing on purpose on algo-3 (on algo-3)"
+    )
+    assert [cluster.failure(host) for host in cluster.hosts] == [expected] * 3, cluster.describe()

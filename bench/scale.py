@@ -1,0 +1,417 @@
+"""`python -m bench.scale`: orchestration at 4 to 128 hosts, and fault detection at 64.
+
+For each host count, a trivial MPI program (programs/timed_mpi.py: mpi4py, no TensorFlow)
+started three ways on fresh containers of one `--internal` network, one rank per container:
+- ours: `docker run IMAGE train` on every host;
+- the floor: a bare `mpirun` in containers already running sshd, with the same launch flags;
+- the sagemaker-training toolkit's MPI runner, where it completes (after its first failure at
+  some count, larger counts are not tried).
+Start overhead: first container started (floor: mpirun started) -> last rank in user code. End
+overhead: last rank left user code -> last container exited (floor: mpirun exited). The master
+container's peak memory and process count and a worker's (algo-2) peak memory are sampled from
+the containers' cgroups every 0.25 s.
+Faults at 64 hosts (ours): a worker killed, and a worker cut off the network (`docker network
+disconnect`), each -> every other host down.
+
+python -m bench.scale --image sm-horovod:cpu --out bench/results
+python -m bench.scale --hosts 4,8 --fault-hosts 8     # a quick pass
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import os
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+from bench.containers import RUN_ERRORS, docker_exec, poll
+from bench.launchers import Launcher, make_cluster, output_dir, run_floor_mpirun
+from bench.machine import commit
+from bench.overhead import all_times, read_rank_times
+from bench.workspace import Workspace, workspace
+from tests.cluster import Cluster, docker_command
+
+log = logging.getLogger("bench.scale")
+
+PROGRAM = "timed_mpi.py"
+DEFAULT_HOSTS = (4, 8, 16, 32, 64, 100, 128)
+RUN_TIMEOUT_S = 900.0
+FAULT_TIMEOUT_S = 120.0
+SAMPLE_INTERVAL_S = 0.25
+MIB = 1 << 20
+# The goals of issue "Hold at 128 hosts".
+GOAL_START_OVER_FLOOR_S = 2.0
+GOAL_END_OVER_FLOOR_S = 1.0
+GOAL_KILL_S = 10.0
+GOAL_CUT_S = 60.0
+
+
+@dataclasses.dataclass(frozen=True)
+class ScaleRun:
+    launcher: str
+    hosts: int
+    start_s: float | None
+    end_s: float | None
+    master_peak_mib: float | None = None
+    master_peak_processes: int | None = None
+    worker_peak_mib: float | None = None
+    error: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class FaultRun:
+    kind: str  # "kill" or "cut"
+    hosts: int
+    # fault -> last other host exited; None if not within the timeout
+    down_s: float | None
+    nonzero_exits: int
+    failure_lines: tuple[str, ...] = ()
+    error: str | None = None
+
+
+# --------------------------------------------------------------------------------------------
+# cgroup sampling (the engine's cgroup v1 or v2 layout)
+
+
+def _cgroup_files(container_id: str) -> dict[str, Path]:
+    """Where a container's memory and process counters live, for cgroup v1 and v2."""
+    v1 = Path("/sys/fs/cgroup")
+    candidates = {
+        "memory_peak": [
+            v1 / "memory" / "docker" / container_id / "memory.max_usage_in_bytes",
+            v1 / "system.slice" / f"docker-{container_id}.scope" / "memory.peak",
+        ],
+        "pids": [
+            v1 / "pids" / "docker" / container_id / "pids.current",
+            v1 / "system.slice" / f"docker-{container_id}.scope" / "pids.current",
+        ],
+    }
+    return {
+        name: next((path for path in paths if path.exists()), paths[0])
+        for name, paths in candidates.items()
+    }
+
+
+class PeakSampler:
+    """Reads a container's peak memory and current process count until stopped; the cgroup
+    goes away with the container, so the last reading before its exit is the peak."""
+
+    def __init__(self, docker: str, container: str) -> None:
+        container_id = docker_command(
+            docker, "inspect", "--format", "{{.Id}}", container
+        ).stdout.strip()
+        self._files = _cgroup_files(container_id)
+        self.peak_bytes: int | None = None
+        self.peak_processes: int | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _read(self, name: str) -> int | None:
+        try:
+            return int(self._files[name].read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            memory, processes = self._read("memory_peak"), self._read("pids")
+            if memory is not None:
+                self.peak_bytes = max(self.peak_bytes or 0, memory)
+            if processes is not None:
+                self.peak_processes = max(self.peak_processes or 0, processes)
+            self._stop.wait(SAMPLE_INTERVAL_S)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    @property
+    def peak_mib(self) -> float | None:
+        return None if self.peak_bytes is None else self.peak_bytes / MIB
+
+
+# --------------------------------------------------------------------------------------------
+# Runs
+
+
+def _start_sampled(cluster: Cluster) -> tuple[PeakSampler, PeakSampler]:
+    """Start the master, sample it, then the others (algo-2 sampled too)."""
+    cluster.start(hosts=cluster.hosts[:1])
+    master = PeakSampler(cluster.docker, cluster.container(cluster.hosts[0]))
+    cluster.start(hosts=cluster.hosts[1:2])
+    worker = PeakSampler(cluster.docker, cluster.container(cluster.hosts[1]))
+    cluster.start(hosts=cluster.hosts[2:])
+    return master, worker
+
+
+def _wait_for_sshd_everywhere(cluster: Cluster) -> None:
+    """The floor's containers: every worker accepts ssh from the first host (one exec)."""
+    hosts = " ".join(cluster.hosts[1:])
+    script = f"for h in {hosts}; do until ssh $h true 2>/dev/null; do sleep 0.2; done; done"
+    docker_exec(cluster.docker, cluster.container(cluster.hosts[0]), "sh", "-c", script,
+                timeout=RUN_TIMEOUT_S)  # fmt: skip
+
+
+def measure(space: Workspace, launcher: Launcher, hosts: int) -> ScaleRun:
+    cluster = make_cluster(
+        space, launcher, hosts, program=PROGRAM, program_args={"host_wait_timeout": "600"}
+    )
+    samplers: tuple[PeakSampler, PeakSampler] | None = None
+    try:
+        samplers = _start_sampled(cluster)
+        if launcher is Launcher.MPIRUN:
+            _wait_for_sshd_everywhere(cluster)
+            run_floor_mpirun(cluster, ("python", PROGRAM), timeout=RUN_TIMEOUT_S)
+            first = output_dir(cluster, cluster.hosts[0])
+            began = float((first / "launch-start").read_text())
+            ended = float((first / "launch-end").read_text())
+        else:
+            codes = cluster.wait(timeout=RUN_TIMEOUT_S)
+            if any(codes.values()):
+                bad = {host: code for host, code in codes.items() if code}
+                raise RuntimeError(
+                    f"{len(bad)} hosts exited non-zero, e.g. {list(bad.items())[:3]}"
+                )
+            times = all_times(cluster).values()
+            began = min(t.started for t in times if t.started is not None)
+            ended = max(t.finished for t in times if t.finished is not None)
+        ranks = read_rank_times(cluster)
+        if len(ranks) != hosts:
+            raise RuntimeError(f"{len(ranks)} of {hosts} ranks wrote their times")
+    except RUN_ERRORS as error:
+        log.warning("%s at %d hosts failed: %s\n%s", launcher.value, hosts, error,
+                    cluster.logs(cluster.hosts[0])[-3000:])  # fmt: skip
+        return ScaleRun(launcher.value, hosts, None, None, error=f"{type(error).__name__}: "
+                        f"{str(error)[:300]}")  # fmt: skip
+    finally:
+        if samplers:
+            for sampler in samplers:
+                sampler.stop()
+        cluster.remove()
+    master, worker = samplers
+    run = ScaleRun(
+        launcher=launcher.value,
+        hosts=hosts,
+        start_s=max(r.entered for r in ranks) - began,
+        end_s=ended - max(r.left for r in ranks),
+        master_peak_mib=master.peak_mib,
+        master_peak_processes=master.peak_processes,
+        worker_peak_mib=worker.peak_mib,
+    )
+    log.info("%s", run)
+    return run
+
+
+def _running(cluster: Cluster) -> int:
+    return sum(len(list(output_dir(cluster, h).glob("running-*"))) for h in cluster.hosts)
+
+
+def measure_fault(space: Workspace, hosts: int, kind: str) -> FaultRun:
+    """Our entry point at `hosts`: once every rank allreduces, kill or cut off algo-2."""
+    victim = "algo-2"
+    cluster = make_cluster(
+        space, Launcher.OURS, hosts, program=PROGRAM,
+        program_args={"seconds": "900", "host_wait_timeout": "600"},
+    )  # fmt: skip
+    others = [host for host in cluster.hosts if host != victim]
+    try:
+        cluster.start()
+        poll(lambda: _running(cluster) == hosts, RUN_TIMEOUT_S, "every rank running")
+        time.sleep(1.0)
+        faulted_at = time.time()
+        if kind == "kill":
+            cluster.kill(victim)
+        else:
+            cluster.disconnect(victim)
+        try:
+            codes = cluster.wait(timeout=FAULT_TIMEOUT_S, hosts=others)
+        except TimeoutError:
+            return FaultRun(kind, hosts, None, 0, error="not every host down in time")
+        times = all_times(cluster)
+        down = max(times[host].finished or 0.0 for host in others) - faulted_at
+        lines = tuple(sorted({cluster.failure(host) or "(none)" for host in others}))
+        run = FaultRun(kind, hosts, down, sum(1 for c in codes.values() if c), lines[:5])
+    except RUN_ERRORS as error:
+        return FaultRun(kind, hosts, None, 0, error=f"{type(error).__name__}: {error}"[:300])
+    finally:
+        cluster.remove()
+    log.info("%s", run)
+    return run
+
+
+# --------------------------------------------------------------------------------------------
+# Report (pure: runs -> rows)
+
+
+def _by(runs: Sequence[ScaleRun], launcher: Launcher) -> dict[int, ScaleRun]:
+    return {run.hosts: run for run in runs if run.launcher == launcher.value}
+
+
+def _s(value: float | None, digits: int = 2) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _over(value: float | None, floor: float | None) -> float | None:
+    return None if value is None or floor is None else value - floor
+
+
+def goals(runs: Sequence[ScaleRun], faults: Sequence[FaultRun]) -> list[tuple[str, str, str, bool]]:
+    """(goal, target, measured, met) rows."""
+    ours, floor = _by(runs, Launcher.OURS), _by(runs, Launcher.MPIRUN)
+    largest = max(ours) if ours else 0
+    completed = [hosts for hosts, run in ours.items() if run.error is None]
+    rows = [("128 hosts complete", "yes", f"up to {max(completed, default=0)} of {largest}",
+             128 in completed)]  # fmt: skip
+    four = _over(ours[4].start_s, floor[4].start_s) if 4 in ours and 4 in floor else None
+    rows.append(
+        (
+            "start overhead at 4 hosts",
+            f"<= {GOAL_START_OVER_FLOOR_S:.0f} s over bare mpirun",
+            f"+{_s(four)} s",
+            four is not None and four <= GOAL_START_OVER_FLOOR_S,
+        )
+    )
+    ends = [_over(ours[h].end_s, floor[h].end_s) for h in ours if h in floor]
+    worst_end = max((end for end in ends if end is not None), default=None)
+    rows.append(("end overhead", f"<= {GOAL_END_OVER_FLOOR_S:.0f} s over bare mpirun at "
+                 "every count", f"max +{_s(worst_end)} s", worst_end is not None
+                 and worst_end <= GOAL_END_OVER_FLOOR_S))  # fmt: skip
+    for kind, bound in (("kill", GOAL_KILL_S), ("cut", GOAL_CUT_S)):
+        done = [f.down_s for f in faults if f.kind == kind]
+        worst = max((d for d in done if d is not None), default=None)
+        ok = bool(done) and None not in done and worst is not None and worst <= bound
+        rows.append((f"worker {'killed' if kind == 'kill' else 'cut off'}: every host down",
+                     f"<= {bound:.0f} s", f"{_s(worst)} s", ok))  # fmt: skip
+    return rows
+
+
+def to_markdown(runs: Sequence[ScaleRun], faults: Sequence[FaultRun], header: str) -> str:
+    lines = [header, "", "| Goal | Target | Measured | Met |", "|---|---|---|---|"]
+    for goal, target, measured, met in goals(runs, faults):
+        lines.append(f"| {goal} | {target} | {measured} | {'yes' if met else '**no**'} |")
+    floor = _by(runs, Launcher.MPIRUN)
+    lines += ["", "| Hosts | Launcher | Start (s) | End (s) | Start vs mpirun | End vs mpirun "
+              "| Master peak MiB | Master peak processes | Worker peak MiB |",
+              "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for run in sorted(runs, key=lambda r: (r.hosts, list(Launcher).index(Launcher(r.launcher)))):
+        base = floor.get(run.hosts)
+        if run.error:
+            lines.append(f"| {run.hosts} | {Launcher(run.launcher).label} | failed: "
+                         f"{run.error[:120]} | | | | | | |")  # fmt: skip
+            continue
+        versus = [
+            "-" if run.launcher == Launcher.MPIRUN.value or base is None
+            else f"+{_s(_over(value, getattr(base, field)))} s"
+            for value, field in ((run.start_s, "start_s"), (run.end_s, "end_s"))
+        ]  # fmt: skip
+        lines.append(
+            f"| {run.hosts} | {Launcher(run.launcher).label} | {_s(run.start_s)} | "
+            f"{_s(run.end_s)} | {versus[0]} | {versus[1]} | {_s(run.master_peak_mib, 0)} | "
+            f"{run.master_peak_processes if run.master_peak_processes is not None else '-'} | "
+            f"{_s(run.worker_peak_mib, 0)} |"
+        )
+    lines += ["", "| Fault | Hosts | Every other host down after (s) | Non-zero exits | "
+              "Failure lines |", "|---|---|---|---|---|"]  # fmt: skip
+    for fault in faults:
+        what = "worker killed" if fault.kind == "kill" else "worker cut off the network"
+        text = fault.error or "<br>".join(line.replace("|", "/") for line in fault.failure_lines)
+        lines.append(f"| {what} | {fault.hosts} | {_s(fault.down_s)} | {fault.nonzero_exits} | "
+                     f"{text} |")  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def plot(runs: Sequence[ScaleRun], path: Path) -> None:
+    figure, axes = plt.subplots(1, 2, figsize=(11, 4))
+    colors = {Launcher.OURS: "#1b9e77", Launcher.TOOLKIT: "#d95f02", Launcher.MPIRUN: "#7570b3"}
+    for axis, field, title in (
+        (axes[0], "start_s", "start: first container -> last rank in code"),
+        (axes[1], "end_s", "end: last rank left -> last container exit"),
+    ):
+        for launcher in Launcher:
+            points = sorted((h, getattr(r, field)) for h, r in _by(runs, launcher).items()
+                            if getattr(r, field) is not None)  # fmt: skip
+            if points:
+                axis.plot(*zip(*points, strict=True), marker="o", label=launcher.label,
+                          color=colors[launcher])  # fmt: skip
+        axis.set_xscale("log")
+        axis.set_xticks(sorted({run.hosts for run in runs}))
+        axis.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
+        axis.set_xlabel("hosts (one rank each)")
+        axis.set_ylabel("seconds")
+        axis.set_title(title, fontsize=10)
+        axis.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+# --------------------------------------------------------------------------------------------
+# Main
+
+
+def run_all(space: Workspace, counts: Sequence[int], fault_hosts: int | None,
+            launchers: Sequence[Launcher]) -> tuple[list[ScaleRun], list[FaultRun]]:  # fmt: skip
+    runs: list[ScaleRun] = []
+    gave_up: set[Launcher] = set()
+    for hosts in counts:
+        for launcher in launchers:
+            if launcher in gave_up:
+                continue
+            run = measure(space, launcher, hosts)
+            runs.append(run)
+            if run.error and launcher is Launcher.TOOLKIT:
+                gave_up.add(launcher)  # larger counts would only take longer to fail
+    faults = []
+    if fault_hosts:
+        faults = [measure_fault(space, fault_hosts, kind) for kind in ("kill", "cut")]
+    return runs, faults
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.scale", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--image", default="sm-horovod:cpu")
+    parser.add_argument("--docker", default=os.environ.get("DOCKER", "docker"))
+    parser.add_argument("--out", type=Path, default=Path("bench/results"))
+    parser.add_argument("--hosts", default=",".join(map(str, DEFAULT_HOSTS)))
+    parser.add_argument("--fault-hosts", type=int, default=64, help="0: no fault runs")
+    parser.add_argument("--no-toolkit", action="store_true")
+    args = parser.parse_args(argv)
+    counts = [int(count) for count in args.hosts.split(",")]
+    launchers = [each for each in Launcher if not (args.no_toolkit and each is Launcher.TOOLKIT)]
+    started = time.monotonic()
+    with workspace(args.docker, args.image) as space:
+        runs, faults = run_all(space, counts, args.fault_hosts, launchers)
+    minutes = (time.monotonic() - started) / 60
+    sha = commit()
+    header = (f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} by "
+              f"`python -m bench.scale` (one run per cell; the whole run took {minutes:.1f} min) "
+              f"at commit `{sha}`, {os.cpu_count()} cores.")  # fmt: skip
+    args.out.mkdir(parents=True, exist_ok=True)
+    document = {"runs": [dataclasses.asdict(r) for r in runs],
+                "faults": [dataclasses.asdict(f) for f in faults], "header": header}  # fmt: skip
+    (args.out / "scale.json").write_text(json.dumps(document, indent=2) + "\n")
+    markdown = to_markdown(runs, faults, header)
+    (args.out / "scale.md").write_text(markdown)
+    plot(runs, args.out / "scale.png")
+    print(markdown)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
