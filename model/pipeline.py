@@ -1,24 +1,37 @@
-"""tf.data pipelines over a rank's shard of image files.
+"""tf.data pipelines over a rank's share of a channel: class folders or record shards.
 
-Images are decoded with pillow inside the pipeline (pillow releases the GIL while decoding,
-so the parallel map really runs in parallel), and an unreadable file becomes a skipped and
-counted element instead of an exception that would end the epoch on one rank only.
+Decoding runs in TensorFlow's own kernels (`tf.io.decode_image`: PNG, JPEG, GIF, BMP) in a
+parallel map, without the GIL; pillow decodes only what those kernels cannot (TIFF, WebP, and
+JPEGs whose EXIF says to rotate, which TensorFlow ignores).
+
+An unreadable file or record must not end the epoch on one rank only, so decoding errors
+drop the element (`ignore_errors`) and are counted instead: every element carries its item
+number in the rank's share, and a `DecodeTally` notes which items came out of the first
+complete pass; the ones that did not are the unreadable ones. Training streams number their
+passes (item + pass x items), so the tally also knows when the first pass is over.
 """
 
 from __future__ import annotations
 
-import functools
+import bisect
+import io
+import re
 import struct
-import threading
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import tensorflow as tf
 from PIL import Image, ImageOps
 
 from model.images import ImageListing
+from model.sources import DecodeTally, RecordShare
 
-# Decoded images held for shuffling a cached shard (stored in random order already).
+# Decoded images held for shuffling a cached share (stored in random order already).
 SHUFFLE_BUFFER = 10_000
+# Encoded records held for shuffling a record stream that is not cached.
+RECORD_SHUFFLE_BUFFER = 2_048
+# Shards read at once by one rank.
+INTERLEAVE_SHARDS = 8
 # Errors pillow raises for truncated, corrupt or unsupported files.
 _DECODE_ERRORS = (
     OSError,
@@ -28,28 +41,21 @@ _DECODE_ERRORS = (
     struct.error,
     Image.DecompressionBombError,
 )
-
-
-class UnreadableImages:
-    """The files of one channel that failed to decode, with why; thread-safe, because the
-    decoding map calls in from several threads, and idempotent, because an uncached pipeline
-    meets the same bad file every epoch."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._reasons: dict[str, str] = {}
-
-    def add(self, path: str, reason: str) -> None:
-        with self._lock:
-            self._reasons.setdefault(path, reason)
-
-    def __len__(self) -> int:
-        with self._lock:
-            return len(self._reasons)
-
-    def examples(self, limit: int) -> list[str]:
-        with self._lock:
-            return [f"{path} ({reason})" for path, reason in sorted(self._reasons.items())][:limit]
+# Signatures of the formats tf.io.decode_image reads.
+_SIGNATURES = (b"\x89PNG", b"\xff\xd8\xff", b"GIF8", b"BM")
+# Where a JPEG's EXIF orientation is looked for: the first bytes (APP1 comes first, or after
+# a JFIF APP0), and the first entries of IFD0 (the orientation is among the first tags).
+_EXIF_WINDOW = 4096
+# Where "Exif" starts when APP1 follows SOI (FFD8 FFE1 length), or a 16-byte JFIF APP0.
+_EXIF_AFTER_SOI = 6
+_EXIF_AFTER_JFIF = 24
+_EXIF_ENTRIES = 32
+_EXIF_TAG = [ord(letter) for letter in "Exif"]
+_BYTES_OBJECT = re.compile(r"\s*<_io\.BytesIO object at 0x[0-9a-f]+>")
+_RECORD_FEATURES = {
+    "image": tf.io.FixedLenFeature([], tf.string),
+    "label": tf.io.FixedLenFeature([], tf.int64),
+}
 
 
 def resize_images(images: tf.Tensor, image_size: int) -> tf.Tensor:
@@ -63,89 +69,309 @@ def resize_images(images: tf.Tensor, image_size: int) -> tf.Tensor:
     return tf.cast(tf.clip_by_value(tf.round(resized), 0.0, 255.0), tf.uint8)
 
 
-def _load_rgb(path: bytes, unreadable: UnreadableImages) -> tuple[np.ndarray, bool]:
-    name = path.decode()
+def pillow_reason(data: bytes) -> str | None:
+    """Why pillow cannot decode `data`, or None if it can."""
     try:
-        with Image.open(name) as opened:
+        with Image.open(io.BytesIO(data)) as opened:
+            ImageOps.exif_transpose(opened).convert("RGB").load()
+    except _DECODE_ERRORS as error:
+        # pillow names the in-memory file object; the caller names the file.
+        detail = _BYTES_OBJECT.sub("", str(error))
+        return f"{type(error).__name__}: {detail}".rstrip(": ")
+    return None
+
+
+def _pillow_rgb(data: bytes | np.ndarray) -> tuple[np.ndarray, np.bool_]:
+    # tf.numpy_function hands a string tensor over as a 0-d object array.
+    encoded = data.item() if isinstance(data, np.ndarray) else data
+    try:
+        with Image.open(io.BytesIO(encoded)) as opened:
             # Phone cameras store rotation in EXIF instead of rotating the pixels.
             upright = ImageOps.exif_transpose(opened)
-            rgb = np.asarray(upright.convert("RGB"), dtype=np.uint8)
-    except _DECODE_ERRORS as error:
-        # pillow repeats the path in some messages; the record names it once already.
-        detail = str(error).replace(repr(name), "").replace(name, "").strip(" :")
-        unreadable.add(name, f"{type(error).__name__}: {detail}")
-        return np.zeros((1, 1, 3), np.uint8), False
-    return rgb, True
+            return np.asarray(upright.convert("RGB"), dtype=np.uint8), np.bool_(True)
+    except _DECODE_ERRORS:
+        return np.zeros((1, 1, 3), np.uint8), np.bool_(False)
 
 
-def _decode(
-    files: tf.data.Dataset, image_size: int, unreadable: UnreadableImages
+def _exif_rotated(contents: tf.Tensor) -> tf.Tensor:
+    """Whether a JPEG's EXIF orientation (tag 0x0112 in IFD0 of the APP1 segment right
+    after SOI, or after a JFIF APP0) asks for a rotation or mirroring (values 2..8).
+
+    Parsed with a handful of gathers on the first bytes, clipped to a zero-padded window,
+    so that no file, however malformed, can make this raise.
+    """
+    window = tf.io.decode_raw(tf.strings.substr(contents, 0, _EXIF_WINDOW), tf.uint8)
+    data = tf.pad(tf.cast(window, tf.int32), [[0, _EXIF_WINDOW + 2 - tf.size(window)]])
+
+    def byte(at: tf.Tensor) -> tf.Tensor:
+        return tf.gather(data, tf.clip_by_value(at, 0, _EXIF_WINDOW))
+
+    def u16(at: tf.Tensor, big: tf.Tensor | bool = True) -> tf.Tensor:
+        high, low = byte(at), byte(at + 1)
+        return tf.where(big, high * 256 + low, low * 256 + high)
+
+    after_app0 = 4 + u16(tf.constant(4))
+    app1 = tf.where(tf.equal(u16(tf.constant(2)), 0xFFE0), after_app0, 2)
+    is_exif = tf.logical_and(
+        tf.equal(u16(app1), 0xFFE1),
+        tf.reduce_all(tf.equal(tf.stack([byte(app1 + 4 + i) for i in range(4)]), _EXIF_TAG)),
+    )
+    tiff = app1 + 10
+    big = tf.equal(byte(tiff), ord("M"))
+    first, second = u16(tiff + 4, big), u16(tiff + 6, big)
+    ifd = tiff + tf.where(big, first * 65536 + second, second * 65536 + first)
+    count = tf.minimum(u16(ifd, big), _EXIF_ENTRIES)
+    entries = ifd + 2 + 12 * tf.range(_EXIF_ENTRIES)
+    tags = u16(entries, big)
+    values = u16(entries + 8, big)
+    found = tf.logical_and(tf.range(_EXIF_ENTRIES) < count, tf.equal(tags, 0x0112))
+    turned = tf.logical_and(values >= 2, values <= 8)
+    return tf.logical_and(is_exif, tf.reduce_any(tf.logical_and(found, turned)))
+
+
+def decode_image_bytes(contents: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    """An encoded image -> (uint8 RGB image [h, w, 3], decoded). TensorFlow's decoders raise
+    on corrupt data (the pipeline drops the element); pillow's fallback returns decoded=False."""
+    known = tf.reduce_any(
+        [tf.equal(tf.strings.substr(contents, 0, len(sig)), sig) for sig in _SIGNATURES]
+    )
+    # Each op costs microseconds in tf.data's executor: the EXIF orientation is parsed only
+    # for JPEGs with an Exif APP1 segment first or after a standard JFIF APP0.
+    has_exif = tf.logical_or(
+        tf.equal(tf.strings.substr(contents, _EXIF_AFTER_SOI, 4), b"Exif"),
+        tf.equal(tf.strings.substr(contents, _EXIF_AFTER_JFIF, 4), b"Exif"),
+    )
+    is_jpeg = tf.equal(tf.strings.substr(contents, 0, 3), _SIGNATURES[1])
+    exif_jpeg = tf.logical_and(is_jpeg, has_exif)
+
+    def with_tensorflow() -> tuple[tf.Tensor, tf.Tensor]:
+        image = tf.io.decode_image(contents, channels=3, expand_animations=False)
+        return tf.ensure_shape(image, [None, None, 3]), tf.constant(True)
+
+    def with_pillow() -> tuple[tf.Tensor, tf.Tensor]:
+        image, decoded = tf.numpy_function(
+            _pillow_rgb, [contents], (tf.uint8, tf.bool), stateful=False
+        )
+        return tf.ensure_shape(image, [None, None, 3]), tf.ensure_shape(decoded, [])
+
+    def by_orientation() -> tuple[tf.Tensor, tf.Tensor]:
+        # A second cond only here: one per element costs measurably on small images.
+        return tf.cond(
+            tf.logical_and(exif_jpeg, tf.logical_not(_exif_rotated(contents))),
+            with_tensorflow,
+            with_pillow,
+        )
+
+    return tf.cond(
+        tf.logical_and(known, tf.logical_not(exif_jpeg)), with_tensorflow, by_orientation
+    )
+
+
+def _decoded(
+    encoded: tf.data.Dataset,
+    parse: Callable[[tf.Tensor, tf.Tensor], tuple[tf.Tensor, tf.Tensor, tf.Tensor]],
+    image_size: int,
 ) -> tf.data.Dataset:
-    """(path, label) elements -> (uint8 image, label) elements, unreadable files dropped."""
-    load = functools.partial(_load_rgb, unreadable=unreadable)
+    """(source, item) elements -> (image, label, item); `parse` turns a source into (encoded
+    image, label, item). Elements whose decoding fails are dropped."""
 
-    def decode(path: tf.Tensor, label: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
-        image, readable = tf.numpy_function(load, [path], (tf.uint8, tf.bool), stateful=True)
-        image.set_shape([None, None, 3])
-        readable.set_shape([])
-        return resize_images(image, image_size), label, readable
+    def decode(source: tf.Tensor, item: tf.Tensor) -> tuple[tf.Tensor, ...]:
+        contents, label, item = parse(source, item)
+        image, decoded = decode_image_bytes(contents)
+        return resize_images(image, image_size), label, item, decoded
 
     return (
-        files.map(decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
-        .filter(lambda image, label, readable: readable)
-        .map(lambda image, label, readable: (image, label))
+        encoded.map(decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
+        .ignore_errors()
+        .filter(lambda image, label, item, decoded: decoded)
+        .map(lambda image, label, item, decoded: (image, label, item))
     )
 
 
-def _file_dataset(listing: ImageListing) -> tf.data.Dataset:
-    return tf.data.Dataset.from_tensor_slices(
-        (tf.constant(listing.files, tf.string), tf.constant(listing.labels, tf.int32))
-    )
+class FolderReader:
+    """A rank's share of a class-folder channel."""
+
+    def __init__(self, listing: ImageListing, image_size: int, seed: int) -> None:
+        self.listing = listing
+        self.expected = len(listing)
+        self._image_size = image_size
+        self._seed = seed
+        self._files = tf.constant(listing.files or ("",), tf.string)
+        self._labels = tf.constant(listing.labels or (0,), tf.int32)
+
+    def tally(self) -> DecodeTally:
+        def describe(items: Sequence[int]) -> list[str]:
+            named = []
+            for item in items:
+                path = self.listing.files[item]
+                try:
+                    with open(path, "rb") as file:
+                        reason = pillow_reason(file.read())
+                except OSError as error:
+                    reason = f"{type(error).__name__}: {error.strerror}"
+                named.append(f"{path} ({reason or 'TensorFlow cannot decode it'})")
+            return named
+
+        return DecodeTally(self.expected, describe)
+
+    def one_pass(self, number: tf.Tensor) -> tf.data.Dataset:
+        """Every file once, in an order that depends on the seed and the pass number (the
+        listing is sorted by class; a shuffle buffer downstream would barely mix it)."""
+        order = tf.random.experimental.stateless_shuffle(
+            tf.range(self.expected, dtype=tf.int64),
+            seed=tf.stack([tf.constant(self._seed, tf.int64), tf.cast(number, tf.int64)]),
+        )
+        offset = tf.cast(number, tf.int64) * self.expected
+
+        def parse(index: tf.Tensor, item: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+            contents = tf.io.read_file(tf.gather(self._files, index))
+            return contents, tf.gather(self._labels, index), item
+
+        items = tf.data.Dataset.from_tensor_slices(order).map(lambda index: (index, index + offset))
+        return _decoded(items, parse, self._image_size)
 
 
-def decoded_images(
-    listing: ImageListing,
-    *,
-    image_size: int,
-    unreadable: UnreadableImages,
-    cache: bool,
-    seed: int,
-) -> tf.data.Dataset:
-    """All images of `listing` once, in a random order; cached in memory if `cache` (then
-    the first full pass decodes and later passes read memory).
+class RecordReader:
+    """A rank's share of a record channel. `label_map` maps the shards' label numbers to
+    the train channel's (identity for the train channel itself)."""
 
-    The order is shuffled once before decoding because the listing is sorted by class, and a
-    shuffle buffer smaller than the shard, downstream, would barely mix sorted input.
-    """
-    files = _file_dataset(listing).shuffle(len(listing), seed=seed, reshuffle_each_iteration=False)
-    images = _decode(files, image_size, unreadable)
+    def __init__(
+        self,
+        share: RecordShare,
+        label_map: Sequence[int],
+        image_size: int,
+        seed: int,
+        unreadable_headers: Sequence[str] = (),
+    ) -> None:
+        self.share = share
+        self.expected = share.expected
+        self._image_size = image_size
+        self._seed = seed
+        self._unreadable_headers = tuple(unreadable_headers)
+        readable = [shard for shard in share.shards if shard.count > 0] or list(share.shards)
+        self._readable = tuple(readable)
+        firsts = dict(zip(share.shards, share.first_items, strict=True))
+        self._paths = tf.constant([shard.path for shard in readable] or [""], tf.string)
+        self._counts = tf.constant([shard.count for shard in readable] or [0], tf.int64)
+        self._firsts = tf.constant([firsts[shard] for shard in readable] or [0], tf.int64)
+        self._label_map = tf.constant(list(label_map) or [0], tf.int32)
+
+    def tally(self) -> DecodeTally:
+        starts = self.share.first_items
+        shards = self.share.shards
+
+        def describe(items: Sequence[int]) -> list[str]:
+            lost: dict[int, list[int]] = {}
+            for item in items:
+                index = bisect.bisect_right(starts, item) - 1
+                record = (item - starts[index]) * self.share.stride + self.share.offset
+                lost.setdefault(index, []).append(record)
+            return [
+                f"{shards[index].path} ({len(records)} of {self.share.expected_in(shards[index])}"
+                f" records unreadable from record {min(records) + 1} on: a corrupt record or "
+                "image, or a truncated shard)"
+                for index, records in sorted(lost.items())
+            ]
+
+        extra = [f"{path} (unreadable shard header)" for path in self._unreadable_headers]
+        return DecodeTally(self.expected, describe, extra)
+
+    def one_pass(self, number: tf.Tensor, shuffle_buffer: int = 0) -> tf.data.Dataset:
+        """Every record of the share once: shards in a seeded order per pass, read
+        `INTERLEAVE_SHARDS` at a time."""
+        count = len(self._readable)
+        order = tf.random.experimental.stateless_shuffle(
+            tf.range(count, dtype=tf.int64),
+            seed=tf.stack([tf.constant(self._seed, tf.int64), tf.cast(number, tf.int64)]),
+        )
+        offset = tf.cast(number, tf.int64) * self.expected
+        stride, first = self.share.stride, self.share.offset
+
+        def shard_records(index: tf.Tensor) -> tf.data.Dataset:
+            limit = tf.gather(self._counts, index)
+            start = tf.gather(self._firsts, index)
+            return (
+                # A corrupt record or a cut-off end ends this shard's dataset; the records
+                # not read are counted by the tally.
+                tf.data.TFRecordDataset(tf.gather(self._paths, index))
+                .ignore_errors()
+                .skip(1)  # the header
+                .enumerate()
+                .filter(lambda position, _: position < limit)
+                .filter(lambda position, _: position % stride == first)
+                .map(lambda position, record: (record, start + position // stride + offset))
+            )
+
+        records = tf.data.Dataset.from_tensor_slices(order).interleave(
+            shard_records,
+            cycle_length=max(1, min(count, INTERLEAVE_SHARDS)),
+            num_parallel_calls=tf.data.AUTOTUNE,
+            deterministic=False,
+        )
+        if shuffle_buffer:
+            records = records.shuffle(shuffle_buffer)
+
+        def parse(record: tf.Tensor, item: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+            example = tf.io.parse_single_example(record, _RECORD_FEATURES)
+            label = tf.gather(self._label_map, tf.cast(example["label"], tf.int32))
+            return example["image"], label, item
+
+        return _decoded(records, parse, self._image_size)
+
+
+Reader = FolderReader | RecordReader
+
+
+def decoded_images(reader: Reader, *, cache: bool) -> tf.data.Dataset:
+    """(image, label, item) for the whole share, once (pass 0); cached in memory if `cache`
+    (the first full pass decodes, later passes read memory)."""
+    images = reader.one_pass(tf.constant(0, tf.int64))
     return images.cache() if cache else images
 
 
+def _stream(reader: Reader) -> tf.data.Dataset:
+    """Endless passes over the share, each in its own order."""
+    if isinstance(reader, RecordReader):
+        buffer = min(reader.expected, RECORD_SHUFFLE_BUFFER)
+        return tf.data.Dataset.counter().flat_map(lambda number: reader.one_pass(number, buffer))
+    return tf.data.Dataset.counter().flat_map(reader.one_pass)
+
+
 def training_batches(
-    listing: ImageListing,
+    reader: Reader,
     decoded: tf.data.Dataset,
     *,
-    image_size: int,
-    unreadable: UnreadableImages,
+    tally: DecodeTally,
     cached: bool,
     batch_size: int,
     seed: int,
 ) -> tf.data.Dataset:
-    """Endless shuffled batches of a rank's shard.
+    """Endless shuffled (images, labels) batches of a rank's share.
 
     Cached: shuffle the decoded images (stored in a random order already, so a bounded
-    buffer mixes well). Not cached: shuffle all file names before decoding, which costs no
-    buffer of decoded images.
+    buffer mixes well); the tally was filled when the cache was. Not cached: a stream of
+    passes, and the tally notes each batch's items (one Python call per batch, not per
+    image).
     """
     if cached:
-        images = decoded.shuffle(min(len(listing), SHUFFLE_BUFFER), seed=seed).repeat()
+        images = decoded.shuffle(min(reader.expected, SHUFFLE_BUFFER), seed=seed).repeat()
     else:
-        files = _file_dataset(listing).shuffle(len(listing), seed=seed).repeat()
-        images = _decode(files, image_size, unreadable)
+        images = _stream(reader)
     # Full batches only: every step of every rank then has the same shapes.
-    return images.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+    batches = images.batch(batch_size, drop_remainder=True)
+    if not cached:
+
+        def note(images: tf.Tensor, labels: tf.Tensor, items: tf.Tensor) -> tuple:
+            noted = tf.numpy_function(
+                lambda values: (tally.record(values), values)[1], [items], tf.int64
+            )
+            with tf.control_dependencies([noted]):
+                return tf.identity(images), labels
+
+        return batches.map(note).prefetch(tf.data.AUTOTUNE)
+    return batches.map(lambda images, labels, items: (images, labels)).prefetch(tf.data.AUTOTUNE)
 
 
 def evaluation_batches(decoded: tf.data.Dataset, batch_size: int) -> tf.data.Dataset:
+    """(images, labels, items) batches of one pass; the caller notes the items."""
     return decoded.batch(batch_size).prefetch(tf.data.AUTOTUNE)

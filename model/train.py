@@ -81,7 +81,7 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     hvd.init()
     configure_logging(host, hvd.rank())
     try:
-        return training.run(params, paths, stop)
+        return training.run(params, paths, stop, host)
     except DataError as error:
         return _fail(paths.output_dir, Reason.BAD_DATA, str(error))
     except training.CheckpointMismatchError as error:
