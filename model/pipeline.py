@@ -14,6 +14,7 @@ passes (item + pass x items), so the tally also knows when the first pass is ove
 from __future__ import annotations
 
 import bisect
+import functools
 import io
 import re
 import struct
@@ -24,7 +25,7 @@ import tensorflow as tf
 from PIL import Image, ImageOps
 
 from model.images import ImageListing
-from model.sources import DecodeTally, RecordShare
+from model.sources import Decoder, DecodeTally, RecordShare, decoder_for_name
 
 # Decoded images held for shuffling a cached share (stored in random order already).
 SHUFFLE_BUFFER = 10_000
@@ -41,20 +42,18 @@ _DECODE_ERRORS = (
     struct.error,
     Image.DecompressionBombError,
 )
-# Signatures of the formats tf.io.decode_image reads.
-_SIGNATURES = (b"\x89PNG", b"\xff\xd8\xff", b"GIF8", b"BM")
 # Where a JPEG's EXIF orientation is looked for: the first bytes (APP1 comes first, or after
 # a JFIF APP0), and the first entries of IFD0 (the orientation is among the first tags).
 _EXIF_WINDOW = 4096
 # Where "Exif" starts when APP1 follows SOI (FFD8 FFE1 length), or a 16-byte JFIF APP0.
-_EXIF_AFTER_SOI = 6
-_EXIF_AFTER_JFIF = 24
+_EXIF_OFFSETS = (6, 24)
 _EXIF_ENTRIES = 32
 _EXIF_TAG = [ord(letter) for letter in "Exif"]
 _BYTES_OBJECT = re.compile(r"\s*<_io\.BytesIO object at 0x[0-9a-f]+>")
 _RECORD_FEATURES = {
     "image": tf.io.FixedLenFeature([], tf.string),
     "label": tf.io.FixedLenFeature([], tf.int64),
+    "decoder": tf.io.FixedLenFeature([], tf.int64, default_value=int(Decoder.PILLOW)),
 }
 
 
@@ -81,16 +80,20 @@ def pillow_reason(data: bytes) -> str | None:
     return None
 
 
-def _pillow_rgb(data: bytes | np.ndarray) -> tuple[np.ndarray, np.bool_]:
+class _PillowDecodeError(Exception):
+    """Raised inside tf.numpy_function: the element fails like a TensorFlow decode error."""
+
+
+def _pillow_rgb(data: bytes | np.ndarray) -> np.ndarray:
     # tf.numpy_function hands a string tensor over as a 0-d object array.
     encoded = data.item() if isinstance(data, np.ndarray) else data
     try:
         with Image.open(io.BytesIO(encoded)) as opened:
             # Phone cameras store rotation in EXIF instead of rotating the pixels.
             upright = ImageOps.exif_transpose(opened)
-            return np.asarray(upright.convert("RGB"), dtype=np.uint8), np.bool_(True)
-    except _DECODE_ERRORS:
-        return np.zeros((1, 1, 3), np.uint8), np.bool_(False)
+            return np.asarray(upright.convert("RGB"), dtype=np.uint8)
+    except _DECODE_ERRORS as error:
+        raise _PillowDecodeError(str(error)) from None
 
 
 def _exif_rotated(contents: tf.Tensor) -> tf.Tensor:
@@ -129,63 +132,70 @@ def _exif_rotated(contents: tf.Tensor) -> tf.Tensor:
     return tf.logical_and(is_exif, tf.reduce_any(tf.logical_and(found, turned)))
 
 
-def decode_image_bytes(contents: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-    """An encoded image -> (uint8 RGB image [h, w, 3], decoded). TensorFlow's decoders raise
-    on corrupt data (the pipeline drops the element); pillow's fallback returns decoded=False."""
-    known = tf.reduce_any(
-        [tf.equal(tf.strings.substr(contents, 0, len(sig)), sig) for sig in _SIGNATURES]
-    )
-    # Each op costs microseconds in tf.data's executor: the EXIF orientation is parsed only
-    # for JPEGs with an Exif APP1 segment first or after a standard JFIF APP0.
+def _with_tensorflow(contents: tf.Tensor) -> tf.Tensor:
+    image = tf.io.decode_image(contents, channels=3, expand_animations=False)
+    return tf.ensure_shape(image, [None, None, 3])
+
+
+def _with_pillow(contents: tf.Tensor) -> tf.Tensor:
+    image = tf.numpy_function(_pillow_rgb, [contents], tf.uint8, stateful=False)
+    return tf.ensure_shape(image, [None, None, 3])
+
+
+def _jpeg(contents: tf.Tensor) -> tf.Tensor:
+    """TensorFlow's decoder, unless the EXIF orientation asks to rotate, which TensorFlow
+    ignores; the orientation is parsed only when an Exif APP1 segment comes first or after
+    a standard JFIF APP0."""
     has_exif = tf.logical_or(
-        tf.equal(tf.strings.substr(contents, _EXIF_AFTER_SOI, 4), b"Exif"),
-        tf.equal(tf.strings.substr(contents, _EXIF_AFTER_JFIF, 4), b"Exif"),
+        tf.equal(tf.strings.substr(contents, _EXIF_OFFSETS[0], 4), b"Exif"),
+        tf.equal(tf.strings.substr(contents, _EXIF_OFFSETS[1], 4), b"Exif"),
     )
-    is_jpeg = tf.equal(tf.strings.substr(contents, 0, 3), _SIGNATURES[1])
-    exif_jpeg = tf.logical_and(is_jpeg, has_exif)
+    rotated = tf.cond(has_exif, lambda: _exif_rotated(contents), lambda: tf.constant(False))
+    return tf.cond(rotated, lambda: _with_pillow(contents), lambda: _with_tensorflow(contents))
 
-    def with_tensorflow() -> tuple[tf.Tensor, tf.Tensor]:
-        image = tf.io.decode_image(contents, channels=3, expand_animations=False)
-        return tf.ensure_shape(image, [None, None, 3]), tf.constant(True)
 
-    def with_pillow() -> tuple[tf.Tensor, tf.Tensor]:
-        image, decoded = tf.numpy_function(
-            _pillow_rgb, [contents], (tf.uint8, tf.bool), stateful=False
-        )
-        return tf.ensure_shape(image, [None, None, 3]), tf.ensure_shape(decoded, [])
+_DECODE = {
+    Decoder.TENSORFLOW: _with_tensorflow,
+    Decoder.JPEG: _jpeg,
+    Decoder.PILLOW: _with_pillow,
+}
 
-    def by_orientation() -> tuple[tf.Tensor, tf.Tensor]:
-        # A second cond only here: one per element costs measurably on small images.
-        return tf.cond(
-            tf.logical_and(exif_jpeg, tf.logical_not(_exif_rotated(contents))),
-            with_tensorflow,
-            with_pillow,
-        )
 
-    return tf.cond(
-        tf.logical_and(known, tf.logical_not(exif_jpeg)), with_tensorflow, by_orientation
-    )
+def decode_image_bytes(contents: tf.Tensor, decoder: Decoder | tf.Tensor) -> tf.Tensor:
+    """An encoded image -> uint8 RGB image [h, w, 3]. Raises (the op fails, and the pipeline
+    drops the element) when the decoder cannot read it.
+
+    A `Decoder` known while tracing costs no branch per image (every op and branch costs
+    microseconds in tf.data's executor, as much as decoding a small PNG); a tensor picks
+    the decoder per image.
+    """
+    if isinstance(decoder, Decoder):
+        return _DECODE[decoder](contents)
+    branches = [functools.partial(_DECODE[option], contents) for option in Decoder]
+    return tf.switch_case(tf.cast(decoder, tf.int32), branches)
 
 
 def _decoded(
-    encoded: tf.data.Dataset,
-    parse: Callable[[tf.Tensor, tf.Tensor], tuple[tf.Tensor, tf.Tensor, tf.Tensor]],
+    sources: tf.data.Dataset,
+    parse: Callable[..., tuple[tf.Tensor, Decoder | tf.Tensor, tf.Tensor, tf.Tensor]],
     image_size: int,
 ) -> tf.data.Dataset:
-    """(source, item) elements -> (image, label, item); `parse` turns a source into (encoded
-    image, label, item). Elements whose decoding fails are dropped."""
+    """Source elements -> (image, label, item); `parse` turns an element into (encoded
+    image, decoder, label, item). Elements whose reading or decoding fails are dropped: one
+    map and `ignore_errors`, no more stages, since every stage costs per image."""
 
-    def decode(source: tf.Tensor, item: tf.Tensor) -> tuple[tf.Tensor, ...]:
-        contents, label, item = parse(source, item)
-        image, decoded = decode_image_bytes(contents)
-        return resize_images(image, image_size), label, item, decoded
+    def decode(*source: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+        contents, decoder, label, item = parse(*source)
+        return resize_images(decode_image_bytes(contents, decoder), image_size), label, item
 
-    return (
-        encoded.map(decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
-        .ignore_errors()
-        .filter(lambda image, label, item, decoded: decoded)
-        .map(lambda image, label, item, decoded: (image, label, item))
-    )
+    return sources.map(
+        decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=False
+    ).ignore_errors()
+
+
+def _single_or_tensor(decoders: Sequence[Decoder], chosen: tf.Tensor) -> Decoder | tf.Tensor:
+    """The one decoder every image uses, or the per-image tensor when they differ."""
+    return decoders[0] if len(set(decoders)) == 1 else chosen
 
 
 class FolderReader:
@@ -198,6 +208,8 @@ class FolderReader:
         self._seed = seed
         self._files = tf.constant(listing.files or ("",), tf.string)
         self._labels = tf.constant(listing.labels or (0,), tf.int32)
+        self._decoder_list = [decoder_for_name(name) for name in listing.files] or [Decoder.PILLOW]
+        self._decoders = tf.constant([int(d) for d in self._decoder_list], tf.int32)
 
     def tally(self) -> DecodeTally:
         def describe(items: Sequence[int]) -> list[str]:
@@ -223,12 +235,12 @@ class FolderReader:
         )
         offset = tf.cast(number, tf.int64) * self.expected
 
-        def parse(index: tf.Tensor, item: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+        def parse(index: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
             contents = tf.io.read_file(tf.gather(self._files, index))
-            return contents, tf.gather(self._labels, index), item
+            decoder = _single_or_tensor(self._decoder_list, tf.gather(self._decoders, index))
+            return contents, decoder, tf.gather(self._labels, index), index + offset
 
-        items = tf.data.Dataset.from_tensor_slices(order).map(lambda index: (index, index + offset))
-        return _decoded(items, parse, self._image_size)
+        return _decoded(tf.data.Dataset.from_tensor_slices(order), parse, self._image_size)
 
 
 class RecordReader:
@@ -241,9 +253,13 @@ class RecordReader:
         label_map: Sequence[int],
         image_size: int,
         seed: int,
+        *,
         unreadable_headers: Sequence[str] = (),
+        decoders: Sequence[Decoder] = tuple(Decoder),
     ) -> None:
         self.share = share
+        # Which decoders the shards' images need (from their headers).
+        self._decoder_list = list(decoders) or list(Decoder)
         self.expected = share.expected
         self._image_size = image_size
         self._seed = seed
@@ -311,10 +327,11 @@ class RecordReader:
         if shuffle_buffer:
             records = records.shuffle(shuffle_buffer)
 
-        def parse(record: tf.Tensor, item: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+        def parse(record: tf.Tensor, item: tf.Tensor) -> tuple:
             example = tf.io.parse_single_example(record, _RECORD_FEATURES)
             label = tf.gather(self._label_map, tf.cast(example["label"], tf.int32))
-            return example["image"], label, item
+            decoder = _single_or_tensor(self._decoder_list, example["decoder"])
+            return example["image"], decoder, label, item
 
         return _decoded(records, parse, self._image_size)
 

@@ -30,7 +30,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from model.images import DataError, ImageListing, list_channel
-from model.sources import RECORD_SUFFIX, RecordShard, record_files
+from model.sources import RECORD_SUFFIX, Decoder, RecordShard, decoder_for_bytes, record_files
 
 log = logging.getLogger("model.records")
 
@@ -75,10 +75,13 @@ def plan_shards(
 # TensorFlow from here on: imported when used, so that the pure part above stays light.
 
 
-def _header_example(classes: Sequence[str], count: int) -> bytes:
+def _header_example(classes: Sequence[str], count: int, decoders: Sequence[Decoder]) -> bytes:
     import tensorflow as tf  # noqa: PLC0415
 
     feature = {
+        "decoders": tf.train.Feature(
+            int64_list=tf.train.Int64List(value=sorted(int(d) for d in set(decoders)))
+        ),
         HEADER_KEY: tf.train.Feature(int64_list=tf.train.Int64List(value=[FORMAT_VERSION])),
         "classes": tf.train.Feature(
             bytes_list=tf.train.BytesList(value=[name.encode() for name in classes])
@@ -88,14 +91,17 @@ def _header_example(classes: Sequence[str], count: int) -> bytes:
     return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
 
 
-def _image_examples(plan: ShardPlan, root: Path) -> Iterator[bytes]:
+def _image_examples(plan: ShardPlan, root: Path, decoders: list[Decoder]) -> Iterator[bytes]:
+    """The shard's examples; appends each image's decoder to `decoders`."""
     import tensorflow as tf  # noqa: PLC0415
 
     for path, label in zip(plan.files, plan.labels, strict=True):
+        data = Path(path).read_bytes()
+        decoder = decoder_for_bytes(data)
+        decoders.append(decoder)
         feature = {
-            "image": tf.train.Feature(
-                bytes_list=tf.train.BytesList(value=[Path(path).read_bytes()])
-            ),
+            "image": tf.train.Feature(bytes_list=tf.train.BytesList(value=[data])),
+            "decoder": tf.train.Feature(int64_list=tf.train.Int64List(value=[int(decoder)])),
             "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[label])),
             "source": tf.train.Feature(
                 bytes_list=tf.train.BytesList(value=[os.path.relpath(path, root).encode()])
@@ -110,9 +116,13 @@ def write_shard(plan: ShardPlan, classes: Sequence[str], root: Path, out: Path) 
     target = out / plan.name
     staging = out / f".{plan.name}.partial"
     try:
+        # The header comes first but names the decoders the images need: encode them first
+        # (a shard is ~128 MB, so holding it is fine).
+        decoders: list[Decoder] = []
+        examples = list(_image_examples(plan, root, decoders))
         with tf.io.TFRecordWriter(str(staging)) as writer:
-            writer.write(_header_example(classes, len(plan.files)))
-            for example in _image_examples(plan, root):
+            writer.write(_header_example(classes, len(plan.files), decoders))
+            for example in examples:
                 writer.write(example)
         os.replace(staging, target)
     finally:
@@ -120,9 +130,9 @@ def write_shard(plan: ShardPlan, classes: Sequence[str], root: Path, out: Path) 
     return target
 
 
-def read_header(path: Path) -> tuple[tuple[str, ...], int] | None:
-    """(class names, example count) from a shard's first record; None if it is unreadable
-    or not a header written by this module."""
+def read_header(path: Path) -> tuple[tuple[str, ...], int, tuple[Decoder, ...]] | None:
+    """(class names, example count, decoders its images need) from a shard's first record;
+    None if it is unreadable or not a header written by this module."""
     import tensorflow as tf  # noqa: PLC0415
 
     try:
@@ -136,10 +146,11 @@ def read_header(path: Path) -> tuple[tuple[str, ...], int] | None:
     except Exception:  # noqa: BLE001 -- protobuf's DecodeError has no stable import path
         return None
     feature = example.features.feature
-    if HEADER_KEY not in feature or "classes" not in feature or "count" not in feature:
+    if any(key not in feature for key in (HEADER_KEY, "classes", "count", "decoders")):
         return None
     classes = tuple(name.decode() for name in feature["classes"].bytes_list.value)
-    return classes, int(feature["count"].int64_list.value[0])
+    decoders = tuple(Decoder(value) for value in feature["decoders"].int64_list.value)
+    return classes, int(feature["count"].int64_list.value[0]), decoders
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,6 +161,7 @@ class RecordChannel:
     class_names: tuple[str, ...]
     shards: tuple[RecordShard, ...]
     unreadable_headers: tuple[str, ...]
+    decoders: tuple[Decoder, ...]  # every decoder some image of the channel needs
 
 
 def open_record_channel(channel: str, root: Path) -> RecordChannel:
@@ -161,13 +173,15 @@ def open_record_channel(channel: str, root: Path) -> RecordChannel:
     class_names: tuple[str, ...] | None = None
     shards: list[RecordShard] = []
     unreadable: list[str] = []
+    decoders: set[Decoder] = set()
     for path in files:
         header = read_header(path)
         if header is None:
             unreadable.append(str(path))
             shards.append(RecordShard(str(path), 0))
             continue
-        classes, count = header
+        classes, count, needed = header
+        decoders.update(needed)
         if class_names is None:
             class_names = classes
         elif classes != class_names:
@@ -181,7 +195,9 @@ def open_record_channel(channel: str, root: Path) -> RecordChannel:
             f"no record shard of the {channel} channel ({root}) has a readable header, "
             f"e.g. {unreadable[0]}: write them with python -m model.records"
         )
-    return RecordChannel(class_names, tuple(shards), tuple(unreadable))
+    # A shard with an unreadable header may hold anything: allow every decoder.
+    known = tuple(Decoder) if unreadable else tuple(sorted(decoders))
+    return RecordChannel(class_names, tuple(shards), tuple(unreadable), known)
 
 
 def _class_names_of(root: Path) -> tuple[str, ...]:

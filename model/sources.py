@@ -26,6 +26,38 @@ from pathlib import Path
 RECORD_SUFFIX = ".tfrecord"
 
 
+class Decoder(enum.IntEnum):
+    """Which decoder an image goes to, decided before the pipeline runs (by file suffix, or
+    by the packer from the bytes), so that the common case costs no branch per image."""
+
+    TENSORFLOW = 0  # PNG, GIF, BMP: tf.io.decode_image
+    JPEG = 1  # tf.io.decode_image, or pillow when the EXIF orientation asks to rotate
+    PILLOW = 2  # what TensorFlow cannot read (TIFF, WebP, ...)
+
+
+_DECODER_BY_SUFFIX = {
+    ".png": Decoder.TENSORFLOW,
+    ".gif": Decoder.TENSORFLOW,
+    ".bmp": Decoder.TENSORFLOW,
+    ".jpg": Decoder.JPEG,
+    ".jpeg": Decoder.JPEG,
+}
+_DECODER_BY_SIGNATURE = (
+    (b"\x89PNG", Decoder.TENSORFLOW),
+    (b"GIF8", Decoder.TENSORFLOW),
+    (b"BM", Decoder.TENSORFLOW),
+    (b"\xff\xd8\xff", Decoder.JPEG),
+)
+
+
+def decoder_for_name(name: str) -> Decoder:
+    return _DECODER_BY_SUFFIX.get(Path(name).suffix.lower(), Decoder.PILLOW)
+
+
+def decoder_for_bytes(data: bytes) -> Decoder:
+    return next((dec for sig, dec in _DECODER_BY_SIGNATURE if data.startswith(sig)), Decoder.PILLOW)
+
+
 class Layout(enum.Enum):
     FOLDERS = "folders"
     RECORDS = "records"

@@ -176,7 +176,14 @@ def _find_channel(
         share = record_share(records.shards, group_rank, group_size)
         # Headers every rank of the group reads: counted by the group's first rank only.
         headers = records.unreadable_headers if group_rank == 0 else ()
-        return RecordReader(share, label_map, params.image_size, seed, headers)
+        return RecordReader(
+            share,
+            label_map,
+            params.image_size,
+            seed,
+            unreadable_headers=headers,
+            decoders=records.decoders,
+        )
 
     digest = listing_digest(os.path.basename(shard.path) for shard in records.shards)
     return _Found(name, layout, records.class_names, digest, shards)

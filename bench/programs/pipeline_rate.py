@@ -114,6 +114,7 @@ with tempfile.TemporaryDirectory() as scratch:
                 list(range(len(records.class_names))),
                 args.image_size,
                 0,
+                decoders=records.decoders,
             ),
             list(png.files),
             tf.io.decode_png,
