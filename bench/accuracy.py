@@ -1,5 +1,6 @@
 """Measurement: the built-in model's test accuracy on the digits at 1, 2 and 3 hosts, next to
-scikit-learn's LogisticRegression on the same split (the raw 8x8 pixels), in one run.
+scikit-learn's LogisticRegression (and an SVC) on the same split (the raw 8x8 pixels), in one
+run.
 
 The model runs as SageMaker runs it (our entry point, `IMAGE train`, one container per host)
 with its default hyperparameters except `epochs` and `batch_size` (EPOCHS, BATCH_SIZE below:
@@ -17,6 +18,7 @@ import time
 import numpy as np
 from sklearn.datasets import load_digits
 from sklearn.linear_model import LogisticRegression
+from sklearn.svm import SVC
 
 from bench.containers import RUN_ERRORS
 from bench.workspace import Workspace
@@ -51,17 +53,20 @@ class AccuracyResult:
     hyperparameters: dict[str, str]
     logistic_regression: float
     runs: tuple[AccuracyRun, ...]
+    svc: float | None = None
 
 
-def logistic_regression_accuracy(seed: int = SPLIT_SEED) -> float:
-    """Test accuracy of LogisticRegression on the raw 8x8 pixels of the same train split."""
+def baseline_accuracies(seed: int = SPLIT_SEED) -> tuple[float, float]:
+    """Test accuracy of LogisticRegression and of an SVC (RBF) on the raw 8x8 pixels (levels
+    0..16) of the same train split."""
     digits = load_digits()
     split = split_indices(digits.target, seed)
-    features = digits.data / 16.0
-    classifier = LogisticRegression(max_iter=5000)
-    classifier.fit(features[split["train"]], digits.target[split["train"]])
-    predicted = classifier.predict(features[split["test"]])
-    return float(np.mean(predicted == digits.target[split["test"]]))
+    train, test = split["train"], split["test"]
+    scores = []
+    for classifier in (LogisticRegression(max_iter=10_000), SVC()):
+        classifier.fit(digits.data[train], digits.target[train])
+        scores.append(float(np.mean(classifier.predict(digits.data[test]) == digits.target[test])))
+    return scores[0], scores[1]
 
 
 def _train(space: Workspace, hosts: int, channels: dict, hyperparameters: dict) -> AccuracyRun:
@@ -99,8 +104,8 @@ def measure_accuracy(
 ) -> AccuracyResult:
     channels = make_digits(space.root / "accuracy-digits", seed=SPLIT_SEED)
     hyperparameters = {"epochs": str(EPOCHS), "batch_size": str(BATCH_SIZE)}
-    baseline = logistic_regression_accuracy()
-    log.info("accuracy: LogisticRegression %.4f", baseline)
+    baseline, svc = baseline_accuracies()
+    log.info("accuracy: LogisticRegression %.4f, SVC %.4f", baseline, svc)
     runs = []
     for hosts in host_counts:
         try:
@@ -109,4 +114,4 @@ def measure_accuracy(
             run = AccuracyRun(hosts, None, None, None, 0, 0.0, error=f"{error}"[:500])
         log.info("accuracy at %d host(s): %s", hosts, run)
         runs.append(run)
-    return AccuracyResult(EPOCHS, BATCH_SIZE, hyperparameters, baseline, tuple(runs))
+    return AccuracyResult(EPOCHS, BATCH_SIZE, hyperparameters, baseline, tuple(runs), svc)

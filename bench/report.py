@@ -217,7 +217,7 @@ def _pipeline_lines(result: PipelineResult | None) -> list[str]:
         f"({result.cores} cores) as PNG folders, JPEG folders and record shards, resized to "
         f"{result.image_size}x{result.image_size}, batches of {result.batch_size}; the "
         "model's pipeline is `model/pipeline.py` (`decoded_images` + batch, uncached). "
-        "Best of 5 interleaved passes each. Goal: the model's 1-thread rate at least "
+        "Best of 10 interleaved passes each. Goal: the model's 1-thread rate at least "
         "90% of the faster bare loop's.",
         "",
     ]
@@ -244,8 +244,10 @@ def _accuracy_lines(result: AccuracyResult | None) -> list[str]:
         "scikit-learn's digits (70/10/20 split, tests/digits.py) as PNG class folders, the "
         f"model's default hyperparameters but epochs={result.epochs} and "
         f"batch_size={result.batch_size} per rank, through our entry point; "
-        f"LogisticRegression on the raw 8x8 pixels of the same split: "
-        f"**{result.logistic_regression:.4f}**.",
+        f"on the raw 8x8 pixels of the same split, LogisticRegression: "
+        f"**{result.logistic_regression:.4f}**"
+        + ("" if result.svc is None else f", SVC (RBF): {result.svc:.4f}")
+        + ".",
         "",
     ]
 

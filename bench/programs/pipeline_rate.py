@@ -37,7 +37,7 @@ parser.add_argument("--jpeg", type=Path, required=True, help="the same images as
 parser.add_argument("--image_size", type=int, default=64)
 parser.add_argument("--batch_size", type=int, default=64)
 parser.add_argument("--seconds", type=float, default=5.0, help="unused; kept for callers")
-parser.add_argument("--rounds", type=int, default=5)
+parser.add_argument("--rounds", type=int, default=10)
 args = parser.parse_args()
 
 
