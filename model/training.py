@@ -1,4 +1,5 @@
-"""Training on one rank: Horovod + Keras, the way Horovod's own Keras examples do it.
+"""Training on one rank: Keras, distributed the way Horovod's own Keras examples do it (every
+Horovod call is in model/collective.py, so another backend can slot in).
 
 Every rank runs this. Each collective (gradient allreduce, metric averaging, the stop vote)
 must be reached by every rank in the same order, so every decision that ends or changes the
@@ -16,11 +17,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import horovod.tensorflow as hvd_tf
-import horovod.tensorflow.keras as hvd
 import numpy as np
 import tensorflow as tf
 
+from model import collective
 from model.checkpoints import (
     WEIGHTS_PREFIX,
     latest_checkpoint,
@@ -104,37 +104,13 @@ def _pin_devices() -> None:
         tf.config.experimental.set_memory_growth(gpu, True)
     if gpus:
         # One GPU per rank; more ranks than GPUs share them round-robin rather than fail.
-        tf.config.set_visible_devices(gpus[hvd.local_rank() % len(gpus)], "GPU")
+        tf.config.set_visible_devices(gpus[collective.local_rank() % len(gpus)], "GPU")
     else:
         # On CPUs, N ranks on a host with N x T threads each would thrash.
         cores = len(os.sched_getaffinity(0))
-        threads = max(1, cores // hvd.local_size())
+        threads = max(1, cores // collective.local_size())
         tf.config.threading.set_intra_op_parallelism_threads(threads)
         tf.config.threading.set_inter_op_parallelism_threads(max(2, threads))
-
-
-def _sum_across_ranks(values: list[float], name: str) -> list[float]:
-    total = hvd_tf.allreduce(tf.constant(values, tf.float64), op=hvd_tf.Sum, name=name)
-    return [float(value) for value in total.numpy()]
-
-
-def _min_across_ranks(value: int, name: str) -> int:
-    return int(hvd_tf.allreduce(tf.constant(value, tf.int64), op=hvd_tf.Min, name=name).numpy())
-
-
-def _gather(value: Any, name: str) -> list[Any]:
-    """Every rank's `value`, in rank order (a collective)."""
-    return list(hvd_tf.allgather_object(value, name=name))
-
-
-def _any_rank(flag: bool, name: str) -> bool:
-    """Whether `flag` is true on any rank; a collective every rank must call."""
-    agreed = hvd_tf.allreduce(tf.constant(int(flag), tf.int32), op=hvd_tf.Max, name=name)
-    return bool(agreed.numpy())
-
-
-def _barrier(name: str) -> None:
-    hvd_tf.allreduce(tf.constant(0, tf.int32), op=hvd_tf.Sum, name=name)
 
 
 def _abbreviate(names: tuple[str, ...], limit: int = 12) -> str:
@@ -150,7 +126,7 @@ def _find_channel(
     if root is None or not root.is_dir():
         raise DataError(missing_channel_message(name, root))
     layout = detect_layout(root, params.data_format)
-    seed = params.seed + hvd.rank()
+    seed = params.seed + collective.rank()
     if layout is Layout.FOLDERS:
         listing = list_channel(name, root, train_classes)
         relative = [os.path.relpath(path, root) for path in listing.files]
@@ -191,7 +167,7 @@ def _find_channel(
 
 def _agree(found: _Found, host: str) -> tuple[Distribution, tuple[str, ...]]:
     """How the hosts' copies of a channel relate, and the class names of all of them."""
-    seen = _gather((found.digest, host, found.class_names), name=f"listing_{found.name}")
+    seen = collective.gather((found.digest, host, found.class_names), name=f"listing_{found.name}")
     try:
         distribution = classify_distribution([d for d, _, _ in seen], [h for _, h, _ in seen])
     except ValueError as error:
@@ -221,20 +197,22 @@ def _open_channels(
     readers: dict[str, Reader] = {}
     for name, (item, spread) in found.items():
         group_rank, group_size = share_group(
-            spread, rank, ranks, hvd.local_rank(), hvd.local_size()
+            spread, rank, ranks, collective.local_rank(), collective.local_size()
         )
         readers[name] = item.make_reader(group_rank, group_size, class_names)
-    if _min_across_ranks(readers["train"].expected, name="train_share_min") == 0:
+    if collective.min_across_ranks(readers["train"].expected, name="train_share_min") == 0:
         raise DataError(
             "a training process has nothing to read in the train channel: give it at least "
             "as many images (or, with ShardedByS3Key, record shards) as training processes"
         )
     local_images = sum(reader.expected for reader in readers.values())
-    fits = cache_fits(local_images, params.image_size, available_memory_bytes(), hvd.local_size())
+    fits = cache_fits(
+        local_images, params.image_size, available_memory_bytes(), collective.local_size()
+    )
     # Hosts may differ in free memory; caching changes which collectives run when, so either
     # every rank caches or none does.
-    cached = not _any_rank(not fits, name="cache_vote")
-    totals = _sum_across_ranks(
+    cached = not collective.any_rank(not fits, name="cache_vote")
+    totals = collective.sum_across_ranks(
         [float(reader.expected) for reader in readers.values()], name="channel_sizes"
     )
     if rank == 0:
@@ -266,12 +244,12 @@ def _open_channels(
 
 def _check_channel(name: str, channel: Channel, max_fraction: float) -> None:
     """Fail on every rank alike if too many of the channel's images are unreadable."""
-    bad, total = _sum_across_ranks(
+    bad, total = collective.sum_across_ranks(
         [len(channel.tally), channel.tally.total], name=f"unreadable_{name}"
     )
     if total and bad / total > max_fraction:
         # Only now, when every rank knows the job fails, gather examples from all of them.
-        examples = hvd_tf.allgather_object(
+        examples = collective.gather(
             channel.tally.examples(EXAMPLES_IN_MESSAGE), name=f"unreadable_examples_{name}"
         )
         flat = [example for rank_examples in examples for example in rank_examples]
@@ -325,7 +303,7 @@ class _Evaluator:
             sums += self._batch_sums(images, labels).numpy()
             channel.tally.record(items.numpy())
         channel.tally.finish_pass()
-        loss_sum, correct, count = _sum_across_ranks(list(sums), name=f"evaluate_{name}")
+        loss_sum, correct, count = collective.sum_across_ranks(list(sums), name=f"evaluate_{name}")
         if count == 0:
             return {"loss": math.nan, "accuracy": math.nan, "images": 0}
         return {"loss": loss_sum / count, "accuracy": correct / count, "images": int(count)}
@@ -362,7 +340,7 @@ class _AgreedStopCallback(tf.keras.callbacks.Callback):
         self.stopped = False
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
-        if _any_rank(self._stop.requested, name="stop_vote"):
+        if collective.any_rank(self._stop.requested, name="stop_vote"):
             self.stopped = True
             self.model.stop_training = True
 
@@ -432,7 +410,7 @@ def _resume(
     """
     found = latest_checkpoint(directory) if rank == 0 else None
     # -1: no checkpoint (0 is one: stopped within the first epoch).
-    epoch = int(hvd_tf.broadcast_object(found[0] if found else -1, root_rank=0, name="resume"))
+    epoch = int(collective.broadcast(found[0] if found else -1, name="resume"))
     if epoch < 0:
         return 0, {}
     if found is None:
@@ -500,7 +478,7 @@ def _build_model(
         raise DataError(f"cannot load {weights} into {params.model}: {first}") from None
     if weights is not None:
         log.info("started %s from the weights in %s", params.model, weights)
-    optimizer = hvd.DistributedOptimizer(tf.keras.optimizers.Adam(schedule.rate_at(0.0)))
+    optimizer = collective.distributed_optimizer(tf.keras.optimizers.Adam(schedule.rate_at(0.0)))
     model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy", metrics=["accuracy"])
     # Create the optimizer's slots now, so a checkpoint restores them at once and the initial
     # broadcast covers them (Keras would otherwise create them in the first step).
@@ -517,12 +495,12 @@ class _Run:
         self.params = params
         self.paths = paths
         self.stop = stop
-        self.rank, self.ranks = hvd.rank(), hvd.size()
+        self.rank, self.ranks = collective.rank(), collective.size()
         self.channels, self.class_names = _open_channels(params, paths, self.rank, self.ranks, host)
         self.train = self.channels["train"]
         # Every step is a collective: as many per epoch on every rank, enough for the
         # smallest share to be read once.
-        smallest = _min_across_ranks(self.train.reader.expected, name="train_share_steps")
+        smallest = collective.min_across_ranks(self.train.reader.expected, name="train_share_steps")
         self.steps = max(1, math.ceil(smallest / params.batch_size))
         self.schedule = LearningRateSchedule(
             params.learning_rate, self.ranks, params.warmup_epochs, params.epochs
@@ -564,7 +542,7 @@ class _Run:
             epochs_done,
             STOPPED_EXIT_CODE,
         )
-        _barrier("stop_barrier")
+        collective.barrier("stop_barrier")
         return STOPPED_EXIT_CODE
 
     def start(self) -> int:
@@ -574,9 +552,7 @@ class _Run:
         )
         self.last_metrics = dict(state.get("metrics", {}))
         # Same starting point everywhere: fresh weights, or rank 0's restored ones.
-        hvd_tf.broadcast_variables(
-            self.model.variables + _optimizer_variables(self.optimizer), root_rank=0
-        )
+        collective.broadcast_variables(self.model.variables + _optimizer_variables(self.optimizer))
         _fill_caches(self.channels, self.params.max_bad_fraction, self.stop)
         if self.rank == 0:
             log.info(
@@ -590,7 +566,7 @@ class _Run:
                 self.params.batch_size,
                 self.schedule.peak_rate,
             )
-        if _any_rank(self.stop.requested, name="stop_vote_start"):
+        if collective.any_rank(self.stop.requested, name="stop_vote_start"):
             # Nothing trained yet: the newest checkpoint, if any, is still the truth.
             return self.stop_now(completed, save_first=False)
         code = self.train_epochs(completed)
@@ -610,11 +586,7 @@ class _Run:
         )
         agreed_stop = _AgreedStopCallback(self.stop)
         callbacks = [
-            # Redundant after the explicit broadcast; kept as the guard Horovod documents,
-            # should anything create variables in the first step.
-            hvd.callbacks.BroadcastGlobalVariablesCallback(0),
-            # Before any callback that reads the epoch's metrics.
-            hvd.callbacks.MetricAverageCallback(),
+            *collective.training_callbacks(),
             _LearningRateCallback(self.schedule, self.steps, self.optimizer),
             agreed_stop,
         ]
@@ -638,7 +610,7 @@ class _Run:
                 return self.stop_now(epoch, save_first=True)
             self.end_epoch(epoch + 1, history.history, seconds)
             # A signal that came during validation or checkpointing (after the last vote).
-            if _any_rank(self.stop.requested, name="stop_vote_epoch") and epoch + 1 < (
+            if collective.any_rank(self.stop.requested, name="stop_vote_epoch") and epoch + 1 < (
                 params.epochs
             ):
                 return self.stop_now(epoch + 1, save_first=False)
@@ -676,7 +648,7 @@ class _Run:
                 results[name] = self.evaluate(channel, name)
         unreadable = {}
         for name, channel in self.channels.items():
-            bad, total = _sum_across_ranks(
+            bad, total = collective.sum_across_ranks(
                 [len(channel.tally), channel.tally.total], name=f"unreadable_total_{name}"
             )
             unreadable[name] = int(bad)
@@ -706,8 +678,8 @@ def run(params: Hyperparameters, paths: TrainingPaths, stop: StopRequest, host: 
     Raises DataError for unusable channels, CheckpointMismatchError for a foreign checkpoint.
     """
     _pin_devices()
-    if hvd.rank() == 0:
+    if collective.rank() == 0:
         log.info("hyperparameters: %s", params)
     # Per rank, for distinct dropout masks; the initial weights come from rank 0 anyway.
-    tf.keras.utils.set_random_seed(params.seed + hvd.rank())
+    tf.keras.utils.set_random_seed(params.seed + collective.rank())
     return _Run(params, paths, stop, host).start()
