@@ -150,8 +150,16 @@ def _jpeg(contents: tf.Tensor) -> tf.Tensor:
         tf.equal(tf.strings.substr(contents, _EXIF_OFFSETS[0], 4), b"Exif"),
         tf.equal(tf.strings.substr(contents, _EXIF_OFFSETS[1], 4), b"Exif"),
     )
-    rotated = tf.cond(has_exif, lambda: _exif_rotated(contents), lambda: tf.constant(False))
-    return tf.cond(rotated, lambda: _with_pillow(contents), lambda: _with_tensorflow(contents))
+
+    def by_orientation() -> tf.Tensor:
+        return tf.cond(
+            _exif_rotated(contents),
+            lambda: _with_pillow(contents),
+            lambda: _with_tensorflow(contents),
+        )
+
+    # One branch per JPEG without EXIF, two with.
+    return tf.cond(has_exif, by_orientation, lambda: _with_tensorflow(contents))
 
 
 _DECODE = {
@@ -304,19 +312,19 @@ class RecordReader:
         stride, first = self.share.stride, self.share.offset
 
         def shard_records(index: tf.Tensor) -> tf.data.Dataset:
-            limit = tf.gather(self._counts, index)
-            start = tf.gather(self._firsts, index)
-            return (
+            # Built-in stages only (no Python function per record): shard() takes every
+            # stride-th record from `first`, enumerate() numbers them as the share's items.
+            records = (
                 # A corrupt record or a cut-off end ends this shard's dataset; the records
                 # not read are counted by the tally.
                 tf.data.TFRecordDataset(tf.gather(self._paths, index))
                 .ignore_errors()
                 .skip(1)  # the header
-                .enumerate()
-                .filter(lambda position, _: position < limit)
-                .filter(lambda position, _: position % stride == first)
-                .map(lambda position, record: (record, start + position // stride + offset))
+                .take(tf.gather(self._counts, index))
             )
+            if stride > 1:
+                records = records.shard(stride, first)
+            return records.enumerate(start=tf.gather(self._firsts, index) + offset)
 
         records = tf.data.Dataset.from_tensor_slices(order).interleave(
             shard_records,
@@ -327,7 +335,7 @@ class RecordReader:
         if shuffle_buffer:
             records = records.shuffle(shuffle_buffer)
 
-        def parse(record: tf.Tensor, item: tf.Tensor) -> tuple:
+        def parse(item: tf.Tensor, record: tf.Tensor) -> tuple:
             example = tf.io.parse_single_example(record, _RECORD_FEATURES)
             label = tf.gather(self._label_map, tf.cast(example["label"], tf.int32))
             decoder = _single_or_tensor(self._decoder_list, example["decoder"])
