@@ -221,6 +221,13 @@ def _pipeline_lines(result: PipelineResult | None) -> list[str]:
         "90% of the faster bare loop's.",
         "",
     ]
+    per_core = {rate.name: rate.per_core for rate in result.rates}
+
+    def of_bare_tf(rate: PipelineRate) -> str:
+        # The same format's bare TensorFlow loop, e.g. png:bare_tf for png:model_one_thread.
+        bare = per_core.get(rate.name.split(":")[0] + ":bare_tf")
+        return "" if rate.of_best_bare is None or not bare else f"{rate.per_core / bare:.0%}"
+
     rows = [
         [
             rate.description,
@@ -228,10 +235,18 @@ def _pipeline_lines(result: PipelineResult | None) -> list[str]:
             f"{rate.images_per_s:,.0f}",
             f"{rate.per_core:,.0f}",
             "" if rate.of_best_bare is None else f"{rate.of_best_bare:.0%}",
+            of_bare_tf(rate),
         ]
         for rate in result.rates
     ]
-    header = ["Variant", "Cores", "Images/s", "Images/s per core", "Of the best bare loop"]
+    header = [
+        "Variant",
+        "Cores",
+        "Images/s",
+        "Images/s per core",
+        "Of the best bare loop",
+        "Of the bare tf.io loop",
+    ]
     return lines + _table(header, rows)
 
 
