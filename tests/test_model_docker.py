@@ -458,3 +458,40 @@ def test_a_corrupt_record_and_a_truncated_shard_are_counted_and_named(
         assert "Traceback" not in cluster.logs(HOST)
     finally:
         cluster.remove()
+
+
+_SAVE_BACKBONE_WEIGHTS = """
+import os
+os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
+import tensorflow as tf
+# What a user with internet writes with weights="imagenet"; random weights here, offline.
+backbone = tf.keras.applications.MobileNetV2(
+    input_shape=(32, 32, 3), include_top=False, weights=None, pooling="avg"
+)
+backbone.save_weights("/out/mobilenet_v2.h5")
+"""
+
+
+def test_a_pretrained_channel_starts_the_backbone_from_its_weights(
+    tmp_path: Path, digits_dir: dict[str, Path], docker: str, image: str
+) -> None:
+    weights = tmp_path / "pretrained"
+    weights.mkdir()
+    docker_command(
+        docker,
+        "run", "--rm", "--user", f"{os.getuid()}:{os.getgid()}",
+        "--volume", f"{weights}:/out", image, "python", "-c", _SAVE_BACKBONE_WEIGHTS,
+        timeout=180,
+    )  # fmt: skip
+    channels = {"train": digits_dir["train"], "pretrained": weights}
+    cluster = single_host(tmp_path, "job", channels, epochs="1", model="mobilenet_v2")
+    try:
+        code = run_job(cluster)
+        logs = cluster.logs(HOST)
+        assert code == 0, cluster.describe()
+        assert (
+            "started mobilenet_v2 from the weights in "
+            "/opt/ml/input/data/pretrained/mobilenet_v2.h5" in logs
+        ), logs
+    finally:
+        cluster.remove()
