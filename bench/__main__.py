@@ -2,6 +2,7 @@
 
 python -m bench --image sm-horovod:cpu --docker docker --out bench/results
 python -m bench --quick          # 1 run each, 2 hosts only, small tensors (~4 minutes)
+python -m bench --only accuracy  # one measurement, merged into the existing results.json
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 
+from bench.accuracy import AccuracyResult, measure_accuracy
 from bench.bandwidth import BandwidthResult, measure_bandwidth
 from bench.image import ImageResult, measure_image
 from bench.launchers import Launcher
@@ -28,7 +30,16 @@ from bench.workspace import Workspace, workspace
 
 log = logging.getLogger("bench")
 
-MEASUREMENTS = ("overhead", "fault", "bandwidth", "pipeline", "rebuild")
+MEASUREMENTS = ("overhead", "fault", "bandwidth", "pipeline", "rebuild", "accuracy")
+# Which field of Results each measurement fills (for --only's merge).
+RESULT_FIELDS = {
+    "overhead": "overhead_runs",
+    "fault": "fault_runs",
+    "bandwidth": "bandwidth",
+    "pipeline": "pipeline",
+    "rebuild": "image",
+    "accuracy": "accuracy",
+}
 # How long a fault run waits for the surviving hosts: the toolkit's workers poll for the
 # master's status file every 30 s and check the master only every 2 minutes.
 FAULT_TIMEOUT_S = {Launcher.OURS: 60.0, Launcher.TOOLKIT: 240.0}
@@ -50,6 +61,7 @@ class Settings:
     skip: frozenset[str]
     keep_scratch: bool
     render_only: bool
+    only: str | None = None
 
 
 def parse_args(argv: Sequence[str] | None) -> Settings:
@@ -66,6 +78,11 @@ def parse_args(argv: Sequence[str] | None) -> Settings:
         help="fault runs of the toolkit, which take minutes each (default 1)",
     )
     parser.add_argument("--skip", action="append", default=[], choices=MEASUREMENTS)
+    parser.add_argument(
+        "--only",
+        choices=MEASUREMENTS,
+        help="run this measurement alone and merge it into OUT/results.json",
+    )
     parser.add_argument("--keep-scratch", action="store_true", help="keep the temp folder")
     parser.add_argument(
         "--render",
@@ -87,7 +104,8 @@ def parse_args(argv: Sequence[str] | None) -> Settings:
         toolkit_fault_repeats=args.toolkit_fault_repeats or 1,
         sizes_mb=(1, 4) if args.quick else (1, 4, 16, 64, 256),
         pipeline_seconds=2.0 if args.quick else 5.0,
-        skip=frozenset(args.skip),
+        skip=frozenset(set(MEASUREMENTS) - {args.only} if args.only else set(args.skip)),
+        only=args.only,
         keep_scratch=args.keep_scratch,
         render_only=args.render,
     )
@@ -129,6 +147,7 @@ def run(settings: Settings) -> Results:
     bandwidth: BandwidthResult | None = None
     pipeline: PipelineResult | None = None
     image: ImageResult | None = None
+    accuracy: AccuracyResult | None = None
     with workspace(settings.docker, settings.image, keep=settings.keep_scratch) as space:
         if "overhead" not in settings.skip:
             overhead = overhead_runs(space, settings)
@@ -138,9 +157,12 @@ def run(settings: Settings) -> Results:
             bandwidth = measure_bandwidth(space, settings.sizes_mb)
         if "pipeline" not in settings.skip:
             pipeline = measure_pipeline(space, settings.pipeline_seconds)
-        image = measure_image(
-            settings.docker, settings.image, space.root, rebuild="rebuild" not in settings.skip
-        )
+        if "accuracy" not in settings.skip:
+            accuracy = measure_accuracy(space, (1,) if settings.quick else (1, 2, 3))
+        if settings.only in {None, "rebuild"}:
+            image = measure_image(
+                settings.docker, settings.image, space.root, rebuild="rebuild" not in settings.skip
+            )
     return Results(
         machine=machine,
         quick=settings.quick,
@@ -151,7 +173,17 @@ def run(settings: Settings) -> Results:
         bandwidth=bandwidth,
         pipeline=pipeline,
         image=image,
+        accuracy=accuracy,
     )
+
+
+def merge_into(existing: Path, fresh: Results, only: str) -> Results:
+    """`fresh`'s `only` section into the results at `existing` (kept as they are otherwise);
+    `fresh` as it is when there is nothing to merge into."""
+    if not existing.is_file():
+        return fresh
+    field = RESULT_FIELDS[only]
+    return dataclasses.replace(load_results(existing), **{field: getattr(fresh, field)})
 
 
 def _terminate(signum: int, _frame: FrameType | None) -> None:
@@ -174,6 +206,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt as interrupt:
         log.error("interrupted (%s); containers, networks and scratch files removed", interrupt)
         return 130
+    if settings.only:
+        results = merge_into(settings.out / "results.json", results, settings.only)
     paths = write_report(results, settings.out)
     log.info(
         "took %.1f min; wrote %s", results.duration_s / 60, ", ".join(map(str, paths.values()))

@@ -15,6 +15,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 MODELS: tuple[str, ...] = ("small_cnn", "mobilenet_v2", "resnet50")
+# How channels are laid out: detected, class folders, or record shards (python -m model.records).
+DATA_FORMATS: tuple[str, ...] = ("auto", "folders", "records")
 
 # keras.applications refuses inputs smaller than 32x32; the upper bound only catches typos
 # (an extra zero) before they become an out-of-memory error an hour later.
@@ -40,6 +42,7 @@ class Hyperparameters:
     seed: int = 0
     # Fraction of a channel's images that may be unreadable before the job fails.
     max_bad_fraction: float = 0.01
+    data_format: str = "auto"
 
 
 _INTEGER = re.compile(r"[+-]?\d+")
@@ -103,6 +106,8 @@ def _check_ranges(params: Hyperparameters) -> None:
         raise bad("model", f"one of {', '.join(MODELS)}")
     if params.seed < 0:
         raise bad("seed", "zero or positive")
+    if params.data_format not in DATA_FORMATS:
+        raise bad("data_format", f"one of {', '.join(DATA_FORMATS)}")
     if not 0 <= params.max_bad_fraction <= 1:
         raise bad("max_bad_fraction", "between 0 and 1")
 

@@ -56,7 +56,7 @@ def _images_under(folder: Path) -> list[str]:
     return found
 
 
-def _missing_channel_message(channel: str, root: Path | None) -> str:
+def missing_channel_message(channel: str, root: Path | None) -> str:
     message = f"the {channel} channel is missing"
     if root is None:
         return f"{message}: give the training job an input channel named {channel!r}"
@@ -76,7 +76,7 @@ def list_channel(
     Raises DataError with a one-line message for anything that is not a usable channel.
     """
     if root is None or not root.is_dir():
-        raise DataError(_missing_channel_message(channel, root))
+        raise DataError(missing_channel_message(channel, root))
     folders = sorted(
         entry.name for entry in root.iterdir() if entry.is_dir() and not _is_hidden(entry.name)
     )

@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 ML_ROOT = Path("/opt/ml")
-CHANNELS: tuple[str, ...] = ("train", "validation", "test")
+CHANNELS: tuple[str, ...] = ("train", "validation", "test", "pretrained")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -22,6 +22,8 @@ class TrainingPaths:
     model_dir: Path
     output_dir: Path
     checkpoint_dir: Path
+    # Keras weights for the keras.applications backbone, if the job was given them.
+    pretrained: Path | None = None
 
     @property
     def tensorboard_dirs(self) -> tuple[Path, Path]:
@@ -59,4 +61,5 @@ def paths_from_env(
         model_dir=directory("SM_MODEL_DIR", ML_ROOT / "model"),
         output_dir=directory("SM_OUTPUT_DIR", ML_ROOT / "output"),
         checkpoint_dir=directory("SM_CHECKPOINT_DIR", ML_ROOT / "checkpoints"),
+        pretrained=channel("pretrained"),
     )

@@ -70,18 +70,17 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
         return _fail(paths.output_dir, Reason.BAD_INPUT, str(error))
 
     # Imported only now: TensorFlow takes seconds to import and is not needed above.
-    import horovod.tensorflow.keras as hvd  # noqa: PLC0415
     import tensorflow as tf  # noqa: PLC0415
 
-    from model import training  # noqa: PLC0415
+    from model import collective, training  # noqa: PLC0415
 
     tf.get_logger().setLevel(logging.ERROR)
     # SavedModel export and Keras report through absl: notes about renamed inputs and such.
     logging.getLogger("absl").setLevel(logging.WARNING)
-    hvd.init()
-    configure_logging(host, hvd.rank())
+    collective.init()
+    configure_logging(host, collective.rank())
     try:
-        return training.run(params, paths, stop)
+        return training.run(params, paths, stop, host)
     except DataError as error:
         return _fail(paths.output_dir, Reason.BAD_DATA, str(error))
     except training.CheckpointMismatchError as error:

@@ -1,4 +1,5 @@
-"""Training on one rank: Horovod + Keras, the way Horovod's own Keras examples do it.
+"""Training on one rank: Keras, distributed the way Horovod's own Keras examples do it (every
+Horovod call is in model/collective.py, so another backend can slot in).
 
 Every rank runs this. Each collective (gradient allreduce, metric averaging, the stop vote)
 must be reached by every rank in the same order, so every decision that ends or changes the
@@ -16,11 +17,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import horovod.tensorflow as hvd_tf
-import horovod.tensorflow.keras as hvd
 import numpy as np
 import tensorflow as tf
 
+from model import collective
 from model.checkpoints import (
     WEIGHTS_PREFIX,
     latest_checkpoint,
@@ -31,25 +31,37 @@ from model.export import export_model
 from model.hparams import Hyperparameters
 from model.images import (
     EXAMPLES_IN_MESSAGE,
-    ImageListing,
+    DataError,
     available_memory_bytes,
     cache_fits,
-    check_trainable,
     check_unreadable,
     list_channel,
+    missing_channel_message,
     shard,
-    steps_per_epoch,
 )
 from model.logline import format_epoch_line
 from model.networks import build_classifier
 from model.paths import TrainingPaths
 from model.pipeline import (
-    UnreadableImages,
+    FolderReader,
+    Reader,
+    RecordReader,
     decoded_images,
     evaluation_batches,
     training_batches,
 )
+from model.records import open_record_channel
 from model.schedule import LearningRateSchedule
+from model.sources import (
+    DecodeTally,
+    Distribution,
+    Layout,
+    classify_distribution,
+    detect_layout,
+    listing_digest,
+    record_share,
+    share_group,
+)
 from model.stopping import STOPPED_EXIT_CODE, StopRequest
 
 log = logging.getLogger(__name__)
@@ -66,11 +78,24 @@ class CheckpointMismatchError(Exception):
 class Channel:
     """One channel as this rank sees it."""
 
-    listing: ImageListing  # the whole channel
-    local: ImageListing  # this rank's shard
-    unreadable: UnreadableImages
-    decoded: tf.data.Dataset
+    name: str
+    layout: Layout
+    distribution: Distribution
+    reader: Reader  # this rank's share
+    tally: DecodeTally  # which of the share's items decoded
+    decoded: tf.data.Dataset  # (image, label, item), one pass
     cached: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class _Found:
+    """A channel as this host lists it, before the ranks agree on who reads what."""
+
+    name: str
+    layout: Layout
+    class_names: tuple[str, ...]
+    digest: str
+    make_reader: Any  # (group rank, group size, train classes) -> Reader
 
 
 def _pin_devices() -> None:
@@ -79,28 +104,13 @@ def _pin_devices() -> None:
         tf.config.experimental.set_memory_growth(gpu, True)
     if gpus:
         # One GPU per rank; more ranks than GPUs share them round-robin rather than fail.
-        tf.config.set_visible_devices(gpus[hvd.local_rank() % len(gpus)], "GPU")
+        tf.config.set_visible_devices(gpus[collective.local_rank() % len(gpus)], "GPU")
     else:
         # On CPUs, N ranks on a host with N x T threads each would thrash.
         cores = len(os.sched_getaffinity(0))
-        threads = max(1, cores // hvd.local_size())
+        threads = max(1, cores // collective.local_size())
         tf.config.threading.set_intra_op_parallelism_threads(threads)
         tf.config.threading.set_inter_op_parallelism_threads(max(2, threads))
-
-
-def _sum_across_ranks(values: list[float], name: str) -> list[float]:
-    total = hvd_tf.allreduce(tf.constant(values, tf.float64), op=hvd_tf.Sum, name=name)
-    return [float(value) for value in total.numpy()]
-
-
-def _any_rank(flag: bool, name: str) -> bool:
-    """Whether `flag` is true on any rank; a collective every rank must call."""
-    agreed = hvd_tf.allreduce(tf.constant(int(flag), tf.int32), op=hvd_tf.Max, name=name)
-    return bool(agreed.numpy())
-
-
-def _barrier(name: str) -> None:
-    hvd_tf.allreduce(tf.constant(0, tf.int32), op=hvd_tf.Sum, name=name)
 
 
 def _abbreviate(names: tuple[str, ...], limit: int = 12) -> str:
@@ -109,54 +119,138 @@ def _abbreviate(names: tuple[str, ...], limit: int = 12) -> str:
     return f"{', '.join(names[: limit - 2])}, ..., {names[-1]}"
 
 
+def _find_channel(
+    name: str, root: Path | None, params: Hyperparameters, train_classes: tuple[str, ...] | None
+) -> _Found:
+    """List a channel on this host: class folders, or record shards' headers."""
+    if root is None or not root.is_dir():
+        raise DataError(missing_channel_message(name, root))
+    layout = detect_layout(root, params.data_format)
+    seed = params.seed + collective.rank()
+    if layout is Layout.FOLDERS:
+        listing = list_channel(name, root, train_classes)
+        relative = [os.path.relpath(path, root) for path in listing.files]
+
+        def folders(group_rank: int, group_size: int, classes: tuple[str, ...]) -> Reader:
+            # Labels index the classes every host agreed on, not only those seen here.
+            agreed = listing
+            if classes != listing.class_names:
+                agreed = list_channel(name, root, classes)
+            return FolderReader(shard(agreed, group_rank, group_size), params.image_size, seed)
+
+        return _Found(name, layout, listing.class_names, listing_digest(relative), folders)
+    records = open_record_channel(name, root)
+
+    def shards(group_rank: int, group_size: int, classes: tuple[str, ...]) -> Reader:
+        strangers = [label for label in records.class_names if label not in classes]
+        if strangers:
+            raise DataError(
+                f"the {name} channel's records have classes the train channel lacks: "
+                f"{', '.join(strangers[:EXAMPLES_IN_MESSAGE])}"
+            )
+        label_map = [classes.index(label) for label in records.class_names]
+        share = record_share(records.shards, group_rank, group_size)
+        # Headers every rank of the group reads: counted by the group's first rank only.
+        headers = records.unreadable_headers if group_rank == 0 else ()
+        return RecordReader(
+            share,
+            label_map,
+            params.image_size,
+            seed,
+            unreadable_headers=headers,
+            decoders=records.decoders,
+        )
+
+    digest = listing_digest(os.path.basename(shard.path) for shard in records.shards)
+    return _Found(name, layout, records.class_names, digest, shards)
+
+
+def _agree(found: _Found, host: str) -> tuple[Distribution, tuple[str, ...]]:
+    """How the hosts' copies of a channel relate, and the class names of all of them."""
+    seen = collective.gather((found.digest, host, found.class_names), name=f"listing_{found.name}")
+    try:
+        distribution = classify_distribution([d for d, _, _ in seen], [h for _, h, _ in seen])
+    except ValueError as error:
+        raise DataError(f"the {found.name} channel: {error}") from None
+    classes = tuple(sorted({label for _, _, names in seen for label in names}))
+    if found.layout is Layout.RECORDS:
+        # Every shard header carries the whole class list, in the packer's order.
+        orders = {names for _, _, names in seen}
+        if len(orders) > 1:
+            raise DataError(f"the {found.name} channel's hosts see shards of different packings")
+        classes = found.class_names
+    return distribution, classes
+
+
 def _open_channels(
-    params: Hyperparameters, paths: TrainingPaths, rank: int, ranks: int
-) -> dict[str, Channel]:
-    train = list_channel("train", paths.train)
-    check_trainable(train, ranks)
-    listings = {"train": train}
+    params: Hyperparameters, paths: TrainingPaths, rank: int, ranks: int, host: str
+) -> tuple[dict[str, Channel], tuple[str, ...]]:
+    """Every channel's reader for this rank, and the class names (the train channel's)."""
+    train_found = _find_channel("train", paths.train, params, None)
+    distribution, class_names = _agree(train_found, host)
+    found = {"train": (train_found, distribution)}
     for name in ("validation", "test"):
         root = paths.channel(name)
         if root is not None:
-            listings[name] = list_channel(name, root, train.class_names)
-    locals_ = {name: shard(listing, rank, ranks) for name, listing in listings.items()}
-    local_images = sum(len(local) for local in locals_.values())
-    fits = cache_fits(local_images, params.image_size, available_memory_bytes(), hvd.local_size())
+            other = _find_channel(name, root, params, class_names)
+            found[name] = (other, _agree(other, host)[0])
+    readers: dict[str, Reader] = {}
+    for name, (item, spread) in found.items():
+        group_rank, group_size = share_group(
+            spread, rank, ranks, collective.local_rank(), collective.local_size()
+        )
+        readers[name] = item.make_reader(group_rank, group_size, class_names)
+    if collective.min_across_ranks(readers["train"].expected, name="train_share_min") == 0:
+        raise DataError(
+            "a training process has nothing to read in the train channel: give it at least "
+            "as many images (or, with ShardedByS3Key, record shards) as training processes"
+        )
+    local_images = sum(reader.expected for reader in readers.values())
+    fits = cache_fits(
+        local_images, params.image_size, available_memory_bytes(), collective.local_size()
+    )
     # Hosts may differ in free memory; caching changes which collectives run when, so either
     # every rank caches or none does.
-    cached = not _any_rank(not fits, name="cache_vote")
+    cached = not collective.any_rank(not fits, name="cache_vote")
+    totals = collective.sum_across_ranks(
+        [float(reader.expected) for reader in readers.values()], name="channel_sizes"
+    )
     if rank == 0:
-        sizes = ", ".join(f"{name}={len(listing)}" for name, listing in listings.items())
+        counted = zip(readers, totals, strict=True)
+        sizes = ", ".join(f"{name}={int(total)}" for name, total in counted)
         log.info(
-            "images: %s; %d classes: %s; decoded images %s",
+            "images: %s; %d classes: %s; train channel: %s, %s; decoded images %s",
             sizes,
-            len(train.class_names),
-            _abbreviate(train.class_names),
+            len(class_names),
+            _abbreviate(class_names),
+            train_found.layout.value,
+            distribution.value,
             "cached in memory" if cached else "decoded every epoch (too big to cache)",
         )
     channels: dict[str, Channel] = {}
-    for name, listing in listings.items():
-        unreadable = UnreadableImages()
-        decoded = decoded_images(
-            locals_[name],
-            image_size=params.image_size,
-            unreadable=unreadable,
-            cache=cached,
-            seed=params.seed + rank,
+    for name, reader in readers.items():
+        item, spread = found[name]
+        channels[name] = Channel(
+            name=name,
+            layout=item.layout,
+            distribution=spread,
+            reader=reader,
+            tally=reader.tally(),
+            decoded=decoded_images(reader, cache=cached),
+            cached=cached,
         )
-        channels[name] = Channel(listing, locals_[name], unreadable, decoded, cached)
-    return channels
+    return channels, class_names
 
 
 def _check_channel(name: str, channel: Channel, max_fraction: float) -> None:
     """Fail on every rank alike if too many of the channel's images are unreadable."""
-    bad, total = _sum_across_ranks(
-        [len(channel.unreadable), len(channel.local)], name=f"unreadable_{name}"
+    bad, total = collective.sum_across_ranks(
+        [len(channel.tally), channel.tally.total], name=f"unreadable_{name}"
     )
     if total and bad / total > max_fraction:
         # Only now, when every rank knows the job fails, gather examples from all of them.
-        examples = hvd_tf.allgather_object(
-            channel.unreadable.examples(EXAMPLES_IN_MESSAGE), name=f"unreadable_examples_{name}"
+        examples = collective.gather(
+            channel.tally.examples(EXAMPLES_IN_MESSAGE), name=f"unreadable_examples_{name}"
         )
         flat = [example for rank_examples in examples for example in rank_examples]
         check_unreadable(name, int(bad), int(total), max_fraction, flat)
@@ -169,10 +263,13 @@ def _fill_caches(channels: Mapping[str, Channel], max_fraction: float, stop: Sto
         if not channel.cached:
             continue
         started = time.monotonic()
-        for _ in channel.decoded.batch(_WARM_BATCH):
+        for _, _, items in channel.decoded.batch(_WARM_BATCH):
+            channel.tally.record(items.numpy())
             if stop.requested:
-                # Stop soon; the partly filled cache is dropped and the counts only shrink.
+                # Stop soon; the partly filled cache is dropped and nothing is counted.
                 break
+        else:
+            channel.tally.finish_pass()
         log.debug("decoded %s in %.1fs", name, time.monotonic() - started)
         _check_channel(name, channel, max_fraction)
 
@@ -202,9 +299,11 @@ class _Evaluator:
 
     def __call__(self, channel: Channel, name: str) -> dict[str, float]:
         sums = np.zeros(3)
-        for images, labels in evaluation_batches(channel.decoded, self._batch_size):
+        for images, labels, items in evaluation_batches(channel.decoded, self._batch_size):
             sums += self._batch_sums(images, labels).numpy()
-        loss_sum, correct, count = _sum_across_ranks(list(sums), name=f"evaluate_{name}")
+            channel.tally.record(items.numpy())
+        channel.tally.finish_pass()
+        loss_sum, correct, count = collective.sum_across_ranks(list(sums), name=f"evaluate_{name}")
         if count == 0:
             return {"loss": math.nan, "accuracy": math.nan, "images": 0}
         return {"loss": loss_sum / count, "accuracy": correct / count, "images": int(count)}
@@ -241,7 +340,7 @@ class _AgreedStopCallback(tf.keras.callbacks.Callback):
         self.stopped = False
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
-        if _any_rank(self._stop.requested, name="stop_vote"):
+        if collective.any_rank(self._stop.requested, name="stop_vote"):
             self.stopped = True
             self.model.stop_training = True
 
@@ -311,7 +410,7 @@ def _resume(
     """
     found = latest_checkpoint(directory) if rank == 0 else None
     # -1: no checkpoint (0 is one: stopped within the first epoch).
-    epoch = int(hvd_tf.broadcast_object(found[0] if found else -1, root_rank=0, name="resume"))
+    epoch = int(collective.broadcast(found[0] if found else -1, name="resume"))
     if epoch < 0:
         return 0, {}
     if found is None:
@@ -337,11 +436,49 @@ def _optimizer_variables(optimizer: tf.keras.optimizers.Optimizer) -> list[tf.Va
     return list(variables() if callable(variables) else variables)
 
 
+# What Keras' save_weights writes (HDF5): what a `pretrained` channel must hold.
+_WEIGHT_SUFFIXES = (".h5", ".hdf5")
+
+
+def pretrained_weights(params: Hyperparameters, root: Path | None) -> Path | None:
+    """The one weights file of the `pretrained` channel, if there is the channel."""
+    if root is None:
+        return None
+    if params.model == "small_cnn":
+        raise DataError(
+            "the pretrained channel holds weights for a keras.applications backbone: "
+            "set model=mobilenet_v2 or model=resnet50"
+        )
+    found = sorted(
+        path
+        for path in root.rglob("*")
+        if path.is_file() and path.name.endswith(_WEIGHT_SUFFIXES) and not path.name.startswith(".")
+    )
+    if len(found) != 1:
+        raise DataError(
+            f"the pretrained channel ({root}) must hold exactly one Keras weights file "
+            f"({', '.join(_WEIGHT_SUFFIXES)}); it holds {len(found)}"
+        )
+    return found[0]
+
+
 def _build_model(
-    params: Hyperparameters, num_classes: int, schedule: LearningRateSchedule
+    params: Hyperparameters,
+    num_classes: int,
+    schedule: LearningRateSchedule,
+    weights: Path | None,
 ) -> tuple[tf.keras.Model, tf.keras.optimizers.Optimizer]:
-    model = build_classifier(params.model, params.image_size, num_classes)
-    optimizer = hvd.DistributedOptimizer(tf.keras.optimizers.Adam(schedule.rate_at(0.0)))
+    try:
+        model = build_classifier(params.model, params.image_size, num_classes, weights)
+    except (ValueError, OSError) as error:
+        if weights is None:
+            raise
+        # Keras' message names layers and shapes; the first line says what did not fit.
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise DataError(f"cannot load {weights} into {params.model}: {first}") from None
+    if weights is not None:
+        log.info("started %s from the weights in %s", params.model, weights)
+    optimizer = collective.distributed_optimizer(tf.keras.optimizers.Adam(schedule.rate_at(0.0)))
     model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy", metrics=["accuracy"])
     # Create the optimizer's slots now, so a checkpoint restores them at once and the initial
     # broadcast covers them (Keras would otherwise create them in the first step).
@@ -352,19 +489,28 @@ def _build_model(
 class _Run:
     """One rank's training run, from the first epoch to train to the export."""
 
-    def __init__(self, params: Hyperparameters, paths: TrainingPaths, stop: StopRequest) -> None:
+    def __init__(
+        self, params: Hyperparameters, paths: TrainingPaths, stop: StopRequest, host: str
+    ) -> None:
         self.params = params
         self.paths = paths
         self.stop = stop
-        self.rank, self.ranks = hvd.rank(), hvd.size()
-        self.channels = _open_channels(params, paths, self.rank, self.ranks)
+        self.rank, self.ranks = collective.rank(), collective.size()
+        self.channels, self.class_names = _open_channels(params, paths, self.rank, self.ranks, host)
         self.train = self.channels["train"]
-        self.class_names = self.train.listing.class_names
-        self.steps = steps_per_epoch(len(self.train.listing), self.ranks, params.batch_size)
+        # Every step is a collective: as many per epoch on every rank, enough for the
+        # smallest share to be read once.
+        smallest = collective.min_across_ranks(self.train.reader.expected, name="train_share_steps")
+        self.steps = max(1, math.ceil(smallest / params.batch_size))
         self.schedule = LearningRateSchedule(
             params.learning_rate, self.ranks, params.warmup_epochs, params.epochs
         )
-        self.model, self.optimizer = _build_model(params, len(self.class_names), self.schedule)
+        self.model, self.optimizer = _build_model(
+            params,
+            len(self.class_names),
+            self.schedule,
+            pretrained_weights(params, paths.pretrained),
+        )
         self.checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer)
         self.identity = _checkpoint_identity(params, self.class_names)
         self.evaluate = _Evaluator(self.model, params.batch_size)
@@ -396,7 +542,7 @@ class _Run:
             epochs_done,
             STOPPED_EXIT_CODE,
         )
-        _barrier("stop_barrier")
+        collective.barrier("stop_barrier")
         return STOPPED_EXIT_CODE
 
     def start(self) -> int:
@@ -406,9 +552,7 @@ class _Run:
         )
         self.last_metrics = dict(state.get("metrics", {}))
         # Same starting point everywhere: fresh weights, or rank 0's restored ones.
-        hvd_tf.broadcast_variables(
-            self.model.variables + _optimizer_variables(self.optimizer), root_rank=0
-        )
+        collective.broadcast_variables(self.model.variables + _optimizer_variables(self.optimizer))
         _fill_caches(self.channels, self.params.max_bad_fraction, self.stop)
         if self.rank == 0:
             log.info(
@@ -422,7 +566,7 @@ class _Run:
                 self.params.batch_size,
                 self.schedule.peak_rate,
             )
-        if _any_rank(self.stop.requested, name="stop_vote_start"):
+        if collective.any_rank(self.stop.requested, name="stop_vote_start"):
             # Nothing trained yet: the newest checkpoint, if any, is still the truth.
             return self.stop_now(completed, save_first=False)
         code = self.train_epochs(completed)
@@ -433,21 +577,16 @@ class _Run:
     def train_epochs(self, completed: int) -> int:
         params = self.params
         batches = training_batches(
-            self.train.local,
+            self.train.reader,
             self.train.decoded,
-            image_size=params.image_size,
-            unreadable=self.train.unreadable,
+            tally=self.train.tally,
             cached=self.train.cached,
             batch_size=params.batch_size,
             seed=params.seed + self.rank,
         )
         agreed_stop = _AgreedStopCallback(self.stop)
         callbacks = [
-            # Redundant after the explicit broadcast; kept as the guard Horovod documents,
-            # should anything create variables in the first step.
-            hvd.callbacks.BroadcastGlobalVariablesCallback(0),
-            # Before any callback that reads the epoch's metrics.
-            hvd.callbacks.MetricAverageCallback(),
+            *collective.training_callbacks(),
             _LearningRateCallback(self.schedule, self.steps, self.optimizer),
             agreed_stop,
         ]
@@ -471,7 +610,7 @@ class _Run:
                 return self.stop_now(epoch, save_first=True)
             self.end_epoch(epoch + 1, history.history, seconds)
             # A signal that came during validation or checkpointing (after the last vote).
-            if _any_rank(self.stop.requested, name="stop_vote_epoch") and epoch + 1 < (
+            if collective.any_rank(self.stop.requested, name="stop_vote_epoch") and epoch + 1 < (
                 params.epochs
             ):
                 return self.stop_now(epoch + 1, save_first=False)
@@ -509,8 +648,8 @@ class _Run:
                 results[name] = self.evaluate(channel, name)
         unreadable = {}
         for name, channel in self.channels.items():
-            bad, total = _sum_across_ranks(
-                [len(channel.unreadable), len(channel.local)], name=f"unreadable_total_{name}"
+            bad, total = collective.sum_across_ranks(
+                [len(channel.tally), channel.tally.total], name=f"unreadable_total_{name}"
             )
             unreadable[name] = int(bad)
             if self.rank == 0:
@@ -533,14 +672,14 @@ class _Run:
         log.info("exported the model to %s", target)
 
 
-def run(params: Hyperparameters, paths: TrainingPaths, stop: StopRequest) -> int:
+def run(params: Hyperparameters, paths: TrainingPaths, stop: StopRequest, host: str) -> int:
     """Train, evaluate and export; returns the process exit code (0, or 143 when stopped).
 
     Raises DataError for unusable channels, CheckpointMismatchError for a foreign checkpoint.
     """
     _pin_devices()
-    if hvd.rank() == 0:
+    if collective.rank() == 0:
         log.info("hyperparameters: %s", params)
     # Per rank, for distinct dropout masks; the initial weights come from rank 0 anyway.
-    tf.keras.utils.set_random_seed(params.seed + hvd.rank())
-    return _Run(params, paths, stop).start()
+    tf.keras.utils.set_random_seed(params.seed + collective.rank())
+    return _Run(params, paths, stop, host).start()

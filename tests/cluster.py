@@ -42,6 +42,9 @@ class Cluster:
     # host folder shared by every host at /opt/ml/checkpoints (as S3 sync would make it)
     checkpoint_dir: Path | None = None
     prefix: str = dataclasses.field(default_factory=lambda: f"smhvd-{secrets.token_hex(3)}")
+    # host -> {channel name -> folder}: channels whose data differs per host, as S3's
+    # ShardedByS3Key gives each host its own objects
+    host_channels: Mapping[str, Mapping[str, Path]] = dataclasses.field(default_factory=dict)
 
     @property
     def network(self) -> str:
@@ -61,7 +64,7 @@ class Cluster:
                 hosts=self.hosts,
                 current_host=host,
                 hyperparameters=self.hyperparameters,
-                channels=self.channels,
+                channels={**self.channels, **self.host_channels.get(host, {})},
             )
 
     def start(self, hosts: Iterable[str] | None = None) -> None:
@@ -75,7 +78,7 @@ class Cluster:
                 "--network-alias", host,
                 "--volume", f"{self.ml_root(host)}:/opt/ml",
             ]  # fmt: skip
-            for channel, folder in self.channels.items():
+            for channel, folder in {**self.channels, **self.host_channels.get(host, {})}.items():
                 args += ["--volume", f"{folder}:/opt/ml/input/data/{channel}:ro"]
             if self.code_dir is not None:
                 args += ["--volume", f"{self.code_dir}:/opt/ml/code:ro"]

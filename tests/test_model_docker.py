@@ -14,6 +14,7 @@ import math
 import os
 import re
 import shutil
+import struct
 import subprocess
 import time
 from collections.abc import Iterator
@@ -360,3 +361,137 @@ def test_sigterm_to_one_rank_stops_every_rank_at_the_same_step(
         assert found[0] >= 1
     finally:
         subprocess.run([docker, "rm", "--force", name], capture_output=True, check=False)
+
+
+# -- record shards ------------------------------------------------------------------------
+
+# Small shards, so the 1,257 training digits (~0.3 MB of PNG) make several of them.
+_SHARD_MB = "0.04"
+
+
+def pack_records(docker: str, image: str, source: Path, out: Path) -> list[Path]:
+    """`python -m model.records` inside the image (TensorFlow writes the records)."""
+    out.mkdir(parents=True, exist_ok=True)
+    docker_command(
+        docker,
+        "run", "--rm", "--user", f"{os.getuid()}:{os.getgid()}",
+        "--volume", f"{source}:/source:ro",
+        "--volume", f"{out}:/out",
+        image, "python", "-m", "model.records", "/source", "/out", "--shard-mb", _SHARD_MB,
+        timeout=180,
+    )  # fmt: skip
+    return sorted(out.glob("*.tfrecord"))
+
+
+def record_offsets(data: bytes) -> list[int]:
+    """Where each record of a TFRecord file starts (8-byte length, 4-byte CRC, data,
+    4-byte CRC), so a test knows how many records a cut or a flipped byte loses."""
+    offsets, at = [], 0
+    while at + 12 <= len(data):
+        offsets.append(at)
+        (length,) = struct.unpack("<Q", data[at : at + 8])
+        at += 12 + length + 4
+    return offsets
+
+
+def test_records_on_two_hosts_with_their_own_shards_reach_the_folder_accuracy(
+    resumed: ResumedTraining, make_cluster, tmp_path: Path, docker: str, image: str
+) -> None:
+    """The train channel as record shards, each host holding only its own shards (as with
+    ShardedByS3Key), validation and test as class folders: the same epochs and batch as the
+    folder run give the same test accuracy within 2 points."""
+    shards = pack_records(docker, image, resumed.digits["train"], tmp_path / "records")
+    assert len(shards) >= 4, shards
+    per_host = {}
+    for index, host in enumerate(("algo-1", "algo-2")):
+        folder = tmp_path / host
+        folder.mkdir()
+        for shard in shards[index::2]:
+            shutil.copy(shard, folder / shard.name)
+        per_host[host] = {"train": folder}
+    one_host = json.loads((resumed.model_dir / "metrics.json").read_text())["test"]["accuracy"]
+    cluster = make_cluster(
+        2,
+        hyperparameters={**DIGITS_HYPERPARAMETERS, "epochs": "6"},
+        channels={name: resumed.digits[name] for name in ("validation", "test")},
+        host_channels=per_host,
+    )
+    cluster.start()
+    assert cluster.wait(JOB_TIMEOUT_S) == {"algo-1": 0, "algo-2": 0}, cluster.describe()
+    logs = cluster.logs("algo-1")
+    assert "train channel: records, each host sees its own part" in logs, logs
+    assert "skipped 0 unreadable image(s) of 1257 in the train channel" in logs, logs
+    metrics = json.loads((cluster.ml_root("algo-1") / "model" / "metrics.json").read_text())
+    assert metrics["test"]["images"] == 360
+    assert metrics["test"]["accuracy"] >= 0.95, metrics
+    assert abs(metrics["test"]["accuracy"] - one_host) <= 0.02, (one_host, metrics)
+
+
+def test_a_corrupt_record_and_a_truncated_shard_are_counted_and_named(
+    tmp_path: Path, digits_dir: dict[str, Path], docker: str, image: str
+) -> None:
+    shards = pack_records(docker, image, digits_dir["train"], tmp_path / "train")
+    truncated, corrupt = shards[0], shards[1]
+    whole = truncated.read_bytes()
+    offsets = record_offsets(whole)
+    # Cut inside the 10th image record (record 0 is the header): images 1..9 remain.
+    truncated.write_bytes(whole[: offsets[10] + 20])
+    lost_truncated = len(offsets) - 1 - 9
+    data = bytearray(corrupt.read_bytes())
+    offsets = record_offsets(bytes(data))
+    # Flip a byte in the data of image record 5: it and every later one are lost.
+    data[offsets[5] + 12 + 3] ^= 0xFF
+    corrupt.write_bytes(bytes(data))
+    lost_corrupt = len(offsets) - 1 - 4
+    cluster = single_host(tmp_path, "job", {"train": tmp_path / "train"}, epochs="1")
+    try:
+        code = run_job(cluster)
+        failure = cluster.failure(HOST) or ""
+        assert code != 0, cluster.describe()
+        lost = lost_truncated + lost_corrupt
+        assert failure.startswith(
+            f"BadData: {lost} of 1257 images in the train channel are unreadable ("
+        ), failure
+        assert f"{truncated.name} ({lost_truncated} of " in failure, failure
+        assert f"{corrupt.name} ({lost_corrupt} of " in failure, failure
+        assert "\n" not in failure
+        assert "Traceback" not in cluster.logs(HOST)
+    finally:
+        cluster.remove()
+
+
+_SAVE_BACKBONE_WEIGHTS = """
+import os
+os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
+import tensorflow as tf
+# What a user with internet writes with weights="imagenet"; random weights here, offline.
+backbone = tf.keras.applications.MobileNetV2(
+    input_shape=(32, 32, 3), include_top=False, weights=None, pooling="avg"
+)
+backbone.save_weights("/out/mobilenet_v2.h5")
+"""
+
+
+def test_a_pretrained_channel_starts_the_backbone_from_its_weights(
+    tmp_path: Path, digits_dir: dict[str, Path], docker: str, image: str
+) -> None:
+    weights = tmp_path / "pretrained"
+    weights.mkdir()
+    docker_command(
+        docker,
+        "run", "--rm", "--user", f"{os.getuid()}:{os.getgid()}",
+        "--volume", f"{weights}:/out", image, "python", "-c", _SAVE_BACKBONE_WEIGHTS,
+        timeout=180,
+    )  # fmt: skip
+    channels = {"train": digits_dir["train"], "pretrained": weights}
+    cluster = single_host(tmp_path, "job", channels, epochs="1", model="mobilenet_v2")
+    try:
+        code = run_job(cluster)
+        logs = cluster.logs(HOST)
+        assert code == 0, cluster.describe()
+        assert (
+            "started mobilenet_v2 from the weights in "
+            "/opt/ml/input/data/pretrained/mobilenet_v2.h5" in logs
+        ), logs
+    finally:
+        cluster.remove()

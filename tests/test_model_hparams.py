@@ -78,6 +78,10 @@ def test_parses_valid_values(raw: dict[str, str], expected: dict[str, object]) -
         ),
         ({"seed": "-1"}, "hyperparameter seed=-1 must be zero or positive"),
         (
+            {"data_format": "tfrecord"},
+            "hyperparameter data_format='tfrecord' must be one of auto, folders, records",
+        ),
+        (
             {"max_bad_fraction": "1.5"},
             "hyperparameter max_bad_fraction=1.5 must be between 0 and 1",
         ),
