@@ -13,7 +13,7 @@ import dataclasses
 import logging
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import anyio.to_thread
 from starlette.applications import Starlette
@@ -24,7 +24,7 @@ from starlette.routing import Route
 from serve import codec
 from serve.batcher import Batcher, OverloadedError
 from serve.logs import configure_logging
-from serve.model import LoadedModel, ModelError, find_model_files, load_model
+from serve.model import LoadedModel, ModelError, ModelFiles, find_model_files, load_model
 from serve.settings import Settings, execution_parameters, settings_from_env
 
 log = logging.getLogger("serve")
@@ -61,11 +61,11 @@ async def _read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-async def _load(state: State) -> None:
+async def _load(state: State, loader: Callable[[ModelFiles], LoadedModel]) -> None:
     started = time.monotonic()
     try:
         files = find_model_files(state.settings.model_dir)
-        model = await anyio.to_thread.run_sync(load_model, files)
+        model = await anyio.to_thread.run_sync(loader, files)
     except ModelError as exc:
         state.load_error = str(exc)
         log.error("cannot serve the model: %s", exc)
@@ -93,19 +93,24 @@ async def _load(state: State) -> None:
     )
 
 
-def create_app(settings: Settings | None = None) -> Starlette:
-    """The app for one worker (uvicorn calls this in each worker process: factory=True)."""
+def create_app(
+    settings: Settings | None = None,
+    *,
+    loader: Callable[[ModelFiles], LoadedModel] = load_model,
+) -> Starlette:
+    """The app for one worker (uvicorn calls this in each worker process: factory=True).
+    `loader` loads and warms up the model (tests pass a small stand-in for TensorFlow)."""
     settings = settings or settings_from_env(os.environ)
     configure_logging()
     state = State(settings)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:
-        loader = asyncio.get_running_loop().create_task(_load(state), name="load-model")
+        loading = asyncio.get_running_loop().create_task(_load(state, loader), name="load-model")
         yield
         # Shutdown runs after uvicorn drained every request in flight.
-        loader.cancel()
-        await asyncio.gather(loader, return_exceptions=True)
+        loading.cancel()
+        await asyncio.gather(loading, return_exceptions=True)
         if state.batcher is not None:
             stats = state.batcher.stats
             log.info(
