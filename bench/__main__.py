@@ -2,6 +2,7 @@
 
 python -m bench --image sm-horovod:cpu --docker docker --out bench/results
 python -m bench --quick          # 1 run each, 2 hosts only, small tensors (~4 minutes)
+python -m bench --only serving   # one measurement, merged into OUT/results.json
 """
 
 from __future__ import annotations
@@ -20,15 +21,25 @@ from types import FrameType
 from bench.bandwidth import BandwidthResult, measure_bandwidth
 from bench.image import ImageResult, measure_image
 from bench.launchers import Launcher
-from bench.machine import describe_machine
+from bench.machine import Machine, describe_machine
 from bench.overhead import FaultRun, OverheadRun, measure_fault, measure_overhead
 from bench.pipeline import PipelineResult, measure_pipeline
 from bench.report import Results, load_results, write_report
+from bench.serving import ServingResult, measure_serving
 from bench.workspace import Workspace, workspace
 
 log = logging.getLogger("bench")
 
-MEASUREMENTS = ("overhead", "fault", "bandwidth", "pipeline", "rebuild")
+MEASUREMENTS = ("overhead", "fault", "bandwidth", "pipeline", "rebuild", "serving")
+# The Results field each measurement fills (what --only replaces in an existing results.json).
+RESULT_FIELDS = {
+    "overhead": "overhead_runs",
+    "fault": "fault_runs",
+    "bandwidth": "bandwidth",
+    "pipeline": "pipeline",
+    "rebuild": "image",
+    "serving": "serving",
+}
 # How long a fault run waits for the surviving hosts: the toolkit's workers poll for the
 # master's status file every 30 s and check the master only every 2 minutes.
 FAULT_TIMEOUT_S = {Launcher.OURS: 60.0, Launcher.TOOLKIT: 240.0}
@@ -50,6 +61,8 @@ class Settings:
     skip: frozenset[str]
     keep_scratch: bool
     render_only: bool
+    serving_seconds: float = 10.0
+    only: str | None = None
 
 
 def parse_args(argv: Sequence[str] | None) -> Settings:
@@ -72,7 +85,15 @@ def parse_args(argv: Sequence[str] | None) -> Settings:
         action="store_true",
         help="only re-render results.md and overhead.png from OUT/results.json",
     )
+    parser.add_argument(
+        "--only",
+        choices=MEASUREMENTS,
+        help="run this measurement alone and merge it into OUT/results.json (others kept)",
+    )
     args = parser.parse_args(argv)
+    skip = set(args.skip)
+    if args.only:
+        skip = set(MEASUREMENTS) - {args.only}
     repeats = args.repeats or (1 if args.quick else 3)
     hosts = args.hosts or ("2" if args.quick else "2,3,4")
     return Settings(
@@ -87,9 +108,11 @@ def parse_args(argv: Sequence[str] | None) -> Settings:
         toolkit_fault_repeats=args.toolkit_fault_repeats or 1,
         sizes_mb=(1, 4) if args.quick else (1, 4, 16, 64, 256),
         pipeline_seconds=2.0 if args.quick else 5.0,
-        skip=frozenset(args.skip),
+        skip=frozenset(skip),
         keep_scratch=args.keep_scratch,
         render_only=args.render,
+        serving_seconds=3.0 if args.quick else 10.0,
+        only=args.only,
     )
 
 
@@ -129,6 +152,11 @@ def run(settings: Settings) -> Results:
     bandwidth: BandwidthResult | None = None
     pipeline: PipelineResult | None = None
     image: ImageResult | None = None
+    serving: ServingResult | None = None
+    if "serving" not in settings.skip:
+        serving = measure_serving(settings.docker, settings.image, settings.serving_seconds)
+    if settings.only == "serving":
+        return _only_results(settings, machine, started, serving=serving)
     with workspace(settings.docker, settings.image, keep=settings.keep_scratch) as space:
         if "overhead" not in settings.skip:
             overhead = overhead_runs(space, settings)
@@ -141,6 +169,16 @@ def run(settings: Settings) -> Results:
         image = measure_image(
             settings.docker, settings.image, space.root, rebuild="rebuild" not in settings.skip
         )
+    if settings.only is not None:
+        found = {
+            "overhead_runs": tuple(overhead),
+            "fault_runs": tuple(faults),
+            "bandwidth": bandwidth,
+            "pipeline": pipeline,
+            "image": image,
+        }
+        field = RESULT_FIELDS[settings.only]
+        return _only_results(settings, machine, started, **{field: found[field]})
     return Results(
         machine=machine,
         quick=settings.quick,
@@ -151,6 +189,22 @@ def run(settings: Settings) -> Results:
         bandwidth=bandwidth,
         pipeline=pipeline,
         image=image,
+        serving=serving,
+    )
+
+
+def _only_results(
+    settings: Settings, machine: Machine, started: float, **measured: object
+) -> Results:
+    """--only: the one measurement just taken, merged into the results already in OUT (the
+    machine line becomes this run's; the other sections stay as they were measured)."""
+    previous = settings.out / "results.json"
+    if previous.is_file():
+        base = load_results(previous)
+    else:
+        base = Results(machine, settings.quick, settings.repeats, 0.0, (), (), None, None, None)
+    return dataclasses.replace(
+        base, machine=machine, duration_s=time.monotonic() - started, **measured
     )
 
 

@@ -20,6 +20,7 @@ from bench.launchers import Launcher
 from bench.machine import Machine
 from bench.overhead import FaultRun, OverheadRun, RankTimes
 from bench.pipeline import PipelineRate, PipelineResult
+from bench.serving import ServingResult, serving_from_json, serving_goal, serving_lines
 from bench.summary import (
     FaultSummary,
     Goal,
@@ -47,6 +48,7 @@ class Results:
     bandwidth: BandwidthResult | None
     pipeline: PipelineResult | None
     image: ImageResult | None
+    serving: ServingResult | None = None
 
     @property
     def overhead(self) -> list[OverheadSummary]:
@@ -58,7 +60,8 @@ class Results:
 
     @property
     def goals(self) -> list[Goal]:
-        return evaluate_goals(self.overhead, self.faults, self.bandwidth)
+        goals = evaluate_goals(self.overhead, self.faults, self.bandwidth)
+        return goals + ([serving_goal(self.serving)] if self.serving is not None else [])
 
 
 def to_json(results: Results) -> str:
@@ -261,6 +264,7 @@ def to_markdown(results: Results) -> str:
         *_bandwidth_lines(results.bandwidth),
         *_pipeline_lines(results.pipeline),
         *_image_lines(results.image),
+        *serving_lines(results.serving),
     ]
     return "\n".join(lines).rstrip() + "\n"
 
@@ -344,6 +348,7 @@ def load_results(path: Path) -> Results:
         bandwidth=bandwidth,
         pipeline=pipeline,
         image=ImageResult(**raw["image"]) if raw["image"] else None,
+        serving=serving_from_json(raw.get("serving")),
     )
 
 
