@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -46,6 +47,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings.port,
         settings.workers,
     )
+    # uvicorn drains on SIGTERM/SIGINT, then re-raises the signal with the handlers it found
+    # (uvicorn/server.py, Server.capture_signals), so that the process would die of it (143).
+    # A drained server has succeeded: these handlers absorb the re-raise and we exit 0.
+    stop_signals: list[int] = []
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda number, _frame: stop_signals.append(number))
     uvicorn.run(
         "serve.app:create_app",
         factory=True,
@@ -60,7 +67,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         timeout_keep_alive=75,
         server_header=False,
     )
-    log.info("stopped")
+    log.info("stopped%s", f" on signal {stop_signals[0]}" if stop_signals else "")
     return 0
 
 
