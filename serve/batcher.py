@@ -15,7 +15,7 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
@@ -61,7 +61,19 @@ class Batcher:
         self._wakeup = asyncio.Event()
         self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="model")
         self._task: asyncio.Task[None] | None = None
+        # Requests being read or decoded: pieces they will add are worth a short wait.
+        self._arriving = 0
         self.stats = BatchStats()
+
+    @contextlib.contextmanager
+    def arriving(self) -> Iterator[None]:
+        """Around reading and decoding one request, before predict()."""
+        self._arriving += 1
+        try:
+            yield
+        finally:
+            self._arriving -= 1
+            self._wakeup.set()
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="batcher")
@@ -73,22 +85,30 @@ class Batcher:
             await asyncio.gather(self._task, return_exceptions=True)
         self._executor.shutdown(wait=True)
 
-    async def predict(self, pieces: list[Piece]) -> np.ndarray:
-        """The probabilities of every image of one request, in request order."""
+    def submit(self, pieces: list[Piece]) -> list[asyncio.Future[np.ndarray]]:
+        """Queue one request's pieces; its probabilities come through the futures."""
         images = sum(piece.count for piece in pieces)
         if self._queued_images + images > self._max_queued_images:
             raise OverloadedError(f"{self._queued_images} images already wait for the model")
         loop = asyncio.get_running_loop()
-        futures = []
         now = time.monotonic()
+        futures: list[asyncio.Future[np.ndarray]] = []
         for piece in pieces:
             future: asyncio.Future[np.ndarray] = loop.create_future()
             self._waiting.append(_Waiting(piece, future, now))
             futures.append(future)
         self._queued_images += images
         self._wakeup.set()
+        return futures
+
+    @staticmethod
+    async def collect(futures: list[asyncio.Future[np.ndarray]]) -> np.ndarray:
+        """The probabilities of every image of one request, in request order."""
         results = await asyncio.gather(*futures)
         return np.concatenate(results) if len(results) > 1 else results[0]
+
+    async def predict(self, pieces: list[Piece]) -> np.ndarray:
+        return await self.collect(self.submit(pieces))
 
     async def _next_batch(self) -> list[_Waiting]:
         while True:
@@ -100,7 +120,9 @@ class Batcher:
             chosen = select_batch(shapes, counts, self._max_batch_size)
             batch_images = sum(counts[i] for i in chosen)
             waited = time.monotonic() - self._waiting[0].arrived
-            if should_dispatch(batch_images, self._max_batch_size, waited, self._max_delay_s):
+            if should_dispatch(
+                batch_images, self._max_batch_size, waited, self._max_delay_s, self._arriving
+            ):
                 break
             self._wakeup.clear()
             # More pieces may arrive before the delay runs out; either wakes us.

@@ -17,7 +17,9 @@ DEFAULT_MAX_PAYLOAD_MB = 6
 MAX_PAYLOAD_MB_LIMIT = 100
 # SageMaker sends SIGKILL 30 s after SIGTERM: drain in less.
 DEFAULT_GRACEFUL_TIMEOUT_S = 25.0
-BATCH_STRATEGIES = ("MULTI_RECORD", "SINGLE_RECORD")
+# CreateTransformJob's spelling, which the SDK's local mode insists on in /execution-parameters
+# (AWS's guide shows MULTI_RECORD; SAGEMAKER_BATCH_STRATEGY may come either way).
+BATCH_STRATEGIES = ("MultiRecord", "SingleRecord")
 ACCEPT_TYPES = ("application/json", "application/jsonlines")
 
 
@@ -40,7 +42,7 @@ class Settings:
     graceful_timeout_s: float = DEFAULT_GRACEFUL_TIMEOUT_S
     default_accept: str = "application/json"
     batch_transform: bool = False
-    batch_strategy: str = "MULTI_RECORD"
+    batch_strategy: str = "MultiRecord"
     max_concurrent_transforms: int | None = None
     access_log: bool = False
 
@@ -81,10 +83,18 @@ _NUMBERS: tuple[tuple[str, str, type, float, float, int], ...] = (
     ("SM_SERVE_MAX_QUEUED_IMAGES", "max_queued_images", int, 1, 1 << 20, 1),
     ("SM_SERVE_GRACEFUL_TIMEOUT_S", "graceful_timeout_s", float, 0, 3600, 1),
 )
+
+
+def _batch_strategy(value: str) -> str:
+    """MULTI_RECORD, multirecord, MultiRecord -> MultiRecord."""
+    squashed = value.replace("_", "").lower()
+    return next((s for s in BATCH_STRATEGIES if s.lower() == squashed), value)
+
+
 # (variable, Settings field, allowed values, normalize): the settings chosen from a list.
 _CHOICES: tuple[tuple[str, str, tuple[str, ...], Callable[[str], str]], ...] = (
     ("SAGEMAKER_DEFAULT_INVOCATIONS_ACCEPT", "default_accept", ACCEPT_TYPES, str.lower),
-    ("SAGEMAKER_BATCH_STRATEGY", "batch_strategy", BATCH_STRATEGIES, str.upper),
+    ("SAGEMAKER_BATCH_STRATEGY", "batch_strategy", BATCH_STRATEGIES, _batch_strategy),
 )
 _FLAGS = (("SAGEMAKER_BATCH", "batch_transform"), ("SM_SERVE_ACCESS_LOG", "access_log"))
 

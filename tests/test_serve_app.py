@@ -189,6 +189,6 @@ def test_execution_parameters(model_dir: Path) -> None:
     with client_for(model_dir, FakeModel(), max_batch_size=4) as client:
         assert client.get("/execution-parameters").json() == {
             "MaxConcurrentTransforms": 4,
-            "BatchStrategy": "MULTI_RECORD",
+            "BatchStrategy": "MultiRecord",
             "MaxPayloadInMB": 6,
         }

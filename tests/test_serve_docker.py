@@ -178,7 +178,7 @@ def test_execution_parameters_for_batch_transform(server: ServeContainer) -> Non
     connection.request("GET", "/execution-parameters")
     assert json.loads(connection.getresponse().read()) == {
         "MaxConcurrentTransforms": 16,
-        "BatchStrategy": "MULTI_RECORD",
+        "BatchStrategy": "MultiRecord",
         "MaxPayloadInMB": 6,
     }
 
@@ -300,6 +300,7 @@ def test_sdk_local_endpoint_and_batch_transform(
 
     from sagemaker.deserializers import JSONDeserializer  # noqa: PLC0415
     from sagemaker.model import Model  # noqa: PLC0415
+    from sagemaker.predictor import Predictor  # noqa: PLC0415
     from sagemaker.serializers import IdentitySerializer  # noqa: PLC0415
 
     tarball = model_tarball(trained.model_dir, tmp_path / "model.tar.gz")
@@ -308,6 +309,8 @@ def test_sdk_local_endpoint_and_batch_transform(
         model_data=f"file://{tarball}",
         role=FAKE_ROLE,
         sagemaker_session=sdk_session,
+        # Without it the generic Model's deploy() returns None instead of a predictor.
+        predictor_cls=Predictor,
     )
     files = digit_files(digits_dir)
     predictor = model.deploy(initial_instance_count=1, instance_type="local")
@@ -334,9 +337,12 @@ def test_sdk_local_endpoint_and_batch_transform(
         instance_type="local",
         output_path=f"file://{output}",
         accept="application/json",
+        # One file is one request either way (SplitType None); the SDK's local MultiRecord
+        # strategy cannot join binary files (sagemaker/local/data.py pad(): str + bytes).
+        strategy="SingleRecord",
     )
+    # transform() waits for the job here; the SDK's wait() would poll a local job forever.
     transformer.transform(f"file://{inputs}", content_type="image/png", split_type=None)
-    transformer.wait()
     outputs = sorted(output.glob("*.out"))
     assert len(outputs) == len(batch)
     labels = [json.loads(out.read_text())["predictions"][0]["label"] for out in outputs]

@@ -61,7 +61,7 @@ def test_settings_read_every_variable() -> None:
         request_timeout_s=30.0,
         max_payload_bytes=20 << 20,
         batch_transform=True,
-        batch_strategy="SINGLE_RECORD",
+        batch_strategy="SingleRecord",
         max_concurrent_transforms=4,
         default_accept="application/jsonlines",
         max_batch_size=8,
@@ -95,15 +95,15 @@ def test_settings_reject_bad_values_naming_the_variable(env: dict, message: str)
 def test_execution_parameters_respect_sagemakers_100_mb_rule() -> None:
     assert execution_parameters(Settings()) == {
         "MaxConcurrentTransforms": 16,  # 100 // 6 < 32 images per batch
-        "BatchStrategy": "MULTI_RECORD",
+        "BatchStrategy": "MultiRecord",
         "MaxPayloadInMB": 6,
     }
     small = Settings(max_batch_size=4, max_payload_bytes=1 << 20)
     assert execution_parameters(small)["MaxConcurrentTransforms"] == 4
-    given = Settings(max_concurrent_transforms=2, batch_strategy="SINGLE_RECORD")
+    given = Settings(max_concurrent_transforms=2, batch_strategy="SingleRecord")
     assert execution_parameters(given) == {
         "MaxConcurrentTransforms": 2,
-        "BatchStrategy": "SINGLE_RECORD",
+        "BatchStrategy": "SingleRecord",
         "MaxPayloadInMB": 6,
     }
 
@@ -337,11 +337,17 @@ def test_select_batch_takes_the_oldest_size_in_order_within_the_bound() -> None:
 
 
 @pytest.mark.parametrize(
-    ("images", "waited", "dispatch"),
-    [(32, 0.0, True), (1, 0.0, False), (1, 0.005, True), (31, 0.004, False)],
+    ("images", "waited", "arriving", "dispatch"),
+    [
+        (32, 0.0, 3, True),
+        (1, 0.0, 3, False),
+        (1, 0.005, 3, True),
+        (31, 0.004, 1, False),
+        (1, 0.0, 0, True),  # nobody else on the way: a lone client never waits
+    ],
 )
-def test_should_dispatch(images: int, waited: float, dispatch: bool) -> None:
-    assert batching.should_dispatch(images, 32, waited, 0.005) is dispatch
+def test_should_dispatch(images: int, waited: float, arriving: int, dispatch: bool) -> None:
+    assert batching.should_dispatch(images, 32, waited, 0.005, arriving) is dispatch
 
 
 def test_remaining_delay_and_split_rows() -> None:
