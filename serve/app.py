@@ -170,16 +170,15 @@ async def _invoke(request: Request, state: State) -> Response:
     top_k = codec.parse_top_k(
         request.headers.get("x-amzn-sagemaker-custom-attributes"), len(state.model.classes)
     )
-    with state.batcher.arriving():
+    with state.batcher.in_flight():
         body = await _read_body(request, settings.max_payload_bytes)
         if len(body) > DECODE_INLINE_MAX_BYTES:
             images = await anyio.to_thread.run_sync(codec.decode_body, body, content_type)
         else:
             images = codec.decode_body(body, content_type)
-        # Queued before it stops counting as arriving, so the batcher never misses it.
         futures = state.batcher.submit(codec.to_pieces(images, settings.max_batch_size))
-    probabilities = await asyncio.wait_for(
-        state.batcher.collect(futures), settings.request_timeout_s
-    )
+        probabilities = await asyncio.wait_for(
+            state.batcher.collect(futures), settings.request_timeout_s
+        )
     payload = codec.encode_predictions(probabilities, state.model.classes, accept, top_k)
     return Response(payload, 200, media_type=accept)

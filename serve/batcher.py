@@ -34,6 +34,7 @@ class _Waiting:
     piece: Piece
     future: asyncio.Future[np.ndarray]
     arrived: float
+    request: int
 
 
 @dataclasses.dataclass
@@ -61,18 +62,20 @@ class Batcher:
         self._wakeup = asyncio.Event()
         self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="model")
         self._task: asyncio.Task[None] | None = None
-        # Requests being read or decoded: pieces they will add are worth a short wait.
-        self._arriving = 0
+        # Requests in the server (read, decoded or waiting for the model): whether waiting for
+        # more pieces can pay off.
+        self._in_flight = 0
+        self._next_request = 0
         self.stats = BatchStats()
 
     @contextlib.contextmanager
-    def arriving(self) -> Iterator[None]:
-        """Around reading and decoding one request, before predict()."""
-        self._arriving += 1
+    def in_flight(self) -> Iterator[None]:
+        """Around one request, from its first byte to its prediction."""
+        self._in_flight += 1
         try:
             yield
         finally:
-            self._arriving -= 1
+            self._in_flight -= 1
             self._wakeup.set()
 
     def start(self) -> None:
@@ -92,10 +95,11 @@ class Batcher:
             raise OverloadedError(f"{self._queued_images} images already wait for the model")
         loop = asyncio.get_running_loop()
         now = time.monotonic()
+        self._next_request += 1
         futures: list[asyncio.Future[np.ndarray]] = []
         for piece in pieces:
             future: asyncio.Future[np.ndarray] = loop.create_future()
-            self._waiting.append(_Waiting(piece, future, now))
+            self._waiting.append(_Waiting(piece, future, now, self._next_request))
             futures.append(future)
         self._queued_images += images
         self._wakeup.set()
@@ -120,8 +124,13 @@ class Batcher:
             chosen = select_batch(shapes, counts, self._max_batch_size)
             batch_images = sum(counts[i] for i in chosen)
             waited = time.monotonic() - self._waiting[0].arrived
+            in_batch = len({self._waiting[i].request for i in chosen})
             if should_dispatch(
-                batch_images, self._max_batch_size, waited, self._max_delay_s, self._arriving
+                batch_images,
+                self._max_batch_size,
+                waited,
+                self._max_delay_s,
+                self._in_flight - in_batch,
             ):
                 break
             self._wakeup.clear()

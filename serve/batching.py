@@ -3,8 +3,8 @@
 A piece is a run of same-size images from one request (codec.Piece). One model call takes
 pieces of one height x width, in arrival order, up to `max_batch_size` images; pieces of other
 sizes wait for a later call without losing their place. The call starts as soon as the batch is
-full, once its oldest piece has waited `max_delay_s`, or at once when no other request is being
-read: the wait is bounded, the batch too.
+full, once its oldest piece has waited `max_delay_s`, or at once when no other request is in
+the server: the wait is bounded, the batch too.
 Under load, requests queue while the model runs, so batches fill without waiting at all.
 """
 
@@ -38,12 +38,12 @@ def should_dispatch(
     max_batch_size: int,
     oldest_wait_s: float,
     max_delay_s: float,
-    arriving: int = 0,
+    others_in_flight: int = 0,
 ) -> bool:
-    """Run the model now: the batch is full, its oldest piece waited long enough, or no other
-    request is on its way in (`arriving`: read or decoded right now), so waiting would only
-    add latency: a lone client never waits."""
-    return batch_images >= max_batch_size or oldest_wait_s >= max_delay_s or arriving == 0
+    """Run the model now: the batch is full, its oldest piece waited long enough, or no request
+    outside this batch is in the server (being read, decoded or waiting), so waiting could
+    only add latency: a lone client never waits, while under load batches still fill."""
+    return batch_images >= max_batch_size or oldest_wait_s >= max_delay_s or others_in_flight <= 0
 
 
 def remaining_delay(oldest_wait_s: float, max_delay_s: float) -> float:

@@ -337,17 +337,17 @@ def test_select_batch_takes_the_oldest_size_in_order_within_the_bound() -> None:
 
 
 @pytest.mark.parametrize(
-    ("images", "waited", "arriving", "dispatch"),
+    ("images", "waited", "others", "dispatch"),
     [
         (32, 0.0, 3, True),
         (1, 0.0, 3, False),
         (1, 0.005, 3, True),
         (31, 0.004, 1, False),
-        (1, 0.0, 0, True),  # nobody else on the way: a lone client never waits
+        (1, 0.0, 0, True),  # no other request in the server: a lone client never waits
     ],
 )
-def test_should_dispatch(images: int, waited: float, arriving: int, dispatch: bool) -> None:
-    assert batching.should_dispatch(images, 32, waited, 0.005, arriving) is dispatch
+def test_should_dispatch(images: int, waited: float, others: int, dispatch: bool) -> None:
+    assert batching.should_dispatch(images, 32, waited, 0.005, others) is dispatch
 
 
 def test_remaining_delay_and_split_rows() -> None:
