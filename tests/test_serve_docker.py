@@ -341,8 +341,9 @@ def test_sdk_local_endpoint_and_batch_transform(
         # strategy cannot join binary files (sagemaker/local/data.py pad(): str + bytes).
         strategy="SingleRecord",
     )
-    # transform() waits for the job here; the SDK's wait() would poll a local job forever.
-    transformer.transform(f"file://{inputs}", content_type="image/png", split_type=None)
+    # Local mode runs the whole job inside CreateTransformJob; the SDK's wait (wait=True, or
+    # wait()) then polls the finished local job without end.
+    transformer.transform(f"file://{inputs}", content_type="image/png", split_type=None, wait=False)
     outputs = sorted(output.glob("*.out"))
     assert len(outputs) == len(batch)
     labels = [json.loads(out.read_text())["predictions"][0]["label"] for out in outputs]
