@@ -188,6 +188,7 @@ COPY docker/docker-entrypoint.sh /usr/local/bin/docker-entrypoint.sh
 COPY pyproject.toml /opt/src/
 COPY entrypoint /opt/src/entrypoint
 COPY model /opt/src/model
+COPY serve /opt/src/serve
 RUN set -eux; \
 # sagemaker-training installs its own `train` script; ours replaces it.
     rm -f /opt/venv/bin/train; \
@@ -195,6 +196,8 @@ RUN set -eux; \
     rm -rf /opt/src; \
     [ "$(command -v train)" = /opt/venv/bin/train ]; \
     grep -q 'entrypoint.main' /opt/venv/bin/train; \
+    [ "$(command -v serve)" = /opt/venv/bin/serve ]; \
+    python -c 'import serve.app, uvicorn, uvloop, httptools'; \
 # sshd must accept its configuration; a throwaway host key proves it and leaves no trace.
     ssh-keygen -q -t ed25519 -N '' -f /tmp/check_host_key; \
     /usr/sbin/sshd -t -o HostKey=/tmp/check_host_key; \
@@ -204,6 +207,11 @@ RUN set -eux; \
 # rank; warnings and errors still show. Override with -e TF_CPP_MIN_LOG_LEVEL=0.
 ENV SM_IMAGE_FLAVOR=${FLAVOR} \
     TF_CPP_MIN_LOG_LEVEL=1
+# `docker run IMAGE serve` listens on SAGEMAKER_BIND_TO_PORT when SageMaker sets it (inference
+# pipelines), else on 8080.
+# https://docs.aws.amazon.com/sagemaker/latest/dg/inference-pipeline-real-time.html
+LABEL com.amazonaws.sagemaker.capabilities.accept-bind-to-port=true
+EXPOSE 8080
 WORKDIR /opt/ml
 ENTRYPOINT ["/usr/bin/tini", "--", "/usr/local/bin/docker-entrypoint.sh"]
 CMD []

@@ -103,6 +103,20 @@ smoke: venv ## Train the built-in model on digits in one container, as SageMaker
 	@$(DOCKER) image inspect $(IMAGE):cpu >/dev/null 2>&1 || $(MAKE) build FLAVOR=cpu DOCKER=$(DOCKER)
 	$(PY) -m tests.smoke --image $(IMAGE):cpu --docker $(DOCKER) --workdir build/smoke
 
+# `make serve MODEL_DIR=build/smoke/hosts/algo-1/model`: what SageMaker's `docker run IMAGE serve`
+# does, on this machine (SERVE_ENV="-e SM_SERVE_MAX_BATCH_SIZE=64" passes settings).
+MODEL_DIR  ?=
+SERVE_PORT ?= 8080
+SERVE_ENV  ?=
+
+.PHONY: serve
+serve: ## Serve MODEL_DIR (a training job's /opt/ml/model) in the CPU image on SERVE_PORT (8080)
+	@test -n "$(MODEL_DIR)" || { echo "error: MODEL_DIR= is required (a folder with 1/saved_model.pb and classes.json)" >&2; exit 2; }
+	@test -d "$(MODEL_DIR)" || { echo "error: MODEL_DIR=$(MODEL_DIR) is not a folder" >&2; exit 2; }
+	@$(DOCKER) image inspect $(IMAGE):cpu >/dev/null 2>&1 || $(MAKE) build FLAVOR=cpu
+	$(DOCKER) run --rm --publish 127.0.0.1:$(SERVE_PORT):8080 \
+	    --volume "$(abspath $(MODEL_DIR))":/opt/ml/model:ro $(SERVE_ENV) $(IMAGE):cpu serve
+
 .PHONY: test
 test: venv ## Run every test: unit tests, then the cluster tests on the CPU image
 	$(MAKE) build FLAVOR=cpu DOCKER=$(DOCKER)

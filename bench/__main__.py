@@ -3,6 +3,7 @@
 python -m bench --image sm-horovod:cpu --docker docker --out bench/results
 python -m bench --quick          # 1 run each, 2 hosts only, small tensors (~4 minutes)
 python -m bench --only accuracy  # one measurement, merged into the existing results.json
+python -m bench --only serving   # the same for the serving benchmark
 """
 
 from __future__ import annotations
@@ -26,11 +27,12 @@ from bench.machine import describe_machine
 from bench.overhead import FaultRun, OverheadRun, measure_fault, measure_overhead
 from bench.pipeline import PipelineResult, measure_pipeline
 from bench.report import Results, load_results, write_report
+from bench.serving import ServingResult, measure_serving
 from bench.workspace import Workspace, workspace
 
 log = logging.getLogger("bench")
 
-MEASUREMENTS = ("overhead", "fault", "bandwidth", "pipeline", "rebuild", "accuracy")
+MEASUREMENTS = ("overhead", "fault", "bandwidth", "pipeline", "rebuild", "accuracy", "serving")
 # Which field of Results each measurement fills (for --only's merge).
 RESULT_FIELDS = {
     "overhead": "overhead_runs",
@@ -39,6 +41,7 @@ RESULT_FIELDS = {
     "pipeline": "pipeline",
     "rebuild": "image",
     "accuracy": "accuracy",
+    "serving": "serving",
 }
 # How long a fault run waits for the surviving hosts: the toolkit's workers poll for the
 # master's status file every 30 s and check the master only every 2 minutes.
@@ -61,6 +64,7 @@ class Settings:
     skip: frozenset[str]
     keep_scratch: bool
     render_only: bool
+    serving_seconds: float = 10.0
     only: str | None = None
 
 
@@ -108,6 +112,7 @@ def parse_args(argv: Sequence[str] | None) -> Settings:
         only=args.only,
         keep_scratch=args.keep_scratch,
         render_only=args.render,
+        serving_seconds=3.0 if args.quick else 10.0,
     )
 
 
@@ -148,6 +153,9 @@ def run(settings: Settings) -> Results:
     pipeline: PipelineResult | None = None
     image: ImageResult | None = None
     accuracy: AccuracyResult | None = None
+    serving: ServingResult | None = None
+    if "serving" not in settings.skip:
+        serving = measure_serving(settings.docker, settings.image, settings.serving_seconds)
     with workspace(settings.docker, settings.image, keep=settings.keep_scratch) as space:
         if "overhead" not in settings.skip:
             overhead = overhead_runs(space, settings)
@@ -174,6 +182,7 @@ def run(settings: Settings) -> Results:
         pipeline=pipeline,
         image=image,
         accuracy=accuracy,
+        serving=serving,
     )
 
 

@@ -21,6 +21,7 @@ from bench.launchers import Launcher
 from bench.machine import Machine
 from bench.overhead import FaultRun, OverheadRun, RankTimes
 from bench.pipeline import PipelineRate, PipelineResult
+from bench.serving import ServingResult, serving_from_json, serving_goal, serving_lines
 from bench.summary import (
     FaultSummary,
     Goal,
@@ -49,6 +50,7 @@ class Results:
     pipeline: PipelineResult | None
     image: ImageResult | None
     accuracy: AccuracyResult | None = None
+    serving: ServingResult | None = None
 
     @property
     def overhead(self) -> list[OverheadSummary]:
@@ -60,7 +62,8 @@ class Results:
 
     @property
     def goals(self) -> list[Goal]:
-        return evaluate_goals(self.overhead, self.faults, self.bandwidth)
+        goals = evaluate_goals(self.overhead, self.faults, self.bandwidth)
+        return goals + ([serving_goal(self.serving)] if self.serving is not None else [])
 
 
 def to_json(results: Results) -> str:
@@ -320,6 +323,7 @@ def to_markdown(results: Results) -> str:
         *_pipeline_lines(results.pipeline),
         *_accuracy_lines(results.accuracy),
         *_image_lines(results.image),
+        *serving_lines(results.serving),
     ]
     return "\n".join(lines).rstrip() + "\n"
 
@@ -404,6 +408,7 @@ def load_results(path: Path) -> Results:
         pipeline=pipeline,
         image=ImageResult(**raw["image"]) if raw["image"] else None,
         accuracy=_accuracy_from(raw.get("accuracy")),
+        serving=serving_from_json(raw.get("serving")),
     )
 
 

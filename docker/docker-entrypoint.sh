@@ -7,6 +7,7 @@ set -e
 if [ "$#" -eq 0 ]; then
     cat >&2 <<'USAGE'
 usage: docker run IMAGE train             run the training job (the SageMaker contract)
+       docker run IMAGE serve             serve /opt/ml/model on port 8080 (endpoints, batch transform)
        docker run IMAGE COMMAND [ARG...]  run any other command in the image
 USAGE
     exit 64 # EX_USAGE

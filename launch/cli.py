@@ -1,4 +1,5 @@
-"""`python -m launch push|train ...`: argparse in, one-line errors out (exit 2), no tracebacks."""
+"""`python -m launch push|train|deploy|transform ...`: argparse in, one-line errors out (exit 2),
+no tracebacks."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import botocore.session
 from botocore.exceptions import BotoCoreError, ClientError, ParamValidationError
 from botocore.validate import validate_parameters
 
+from launch import deploy_cli
 from launch import push as push_mod
 from launch import request as rq
 from launch import train as train_mod
@@ -50,6 +52,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--sha", help="git sha of the build (default: git rev-parse --short=12 HEAD)")
 
     _train_parser(sub.add_parser("train", help="build, check and send CreateTrainingJob"))
+    deploy_cli.add_parsers(sub)
     return parser
 
 
@@ -303,6 +306,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for noisy in _QUIET_LOGGERS:
         logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
+        if args.command in ("deploy", "transform"):
+            return deploy_cli.cmd_serve(args, _session)
         return cmd_push(args) if args.command == "push" else cmd_train(args)
     except LaunchError as exc:
         print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)

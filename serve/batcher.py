@@ -1,0 +1,174 @@
+"""Dynamic batching, the shell: requests put pieces in, one task runs the model on batches.
+
+The model runs in one dedicated thread (TensorFlow releases the GIL and uses every core for one
+call), so the event loop keeps answering /ping and reading requests while it computes; whatever
+arrives meanwhile is the next batch. The rules (what goes in a batch, how long to wait) are in
+`batching`, pure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import contextlib
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Iterator
+
+import numpy as np
+
+from serve.batching import remaining_delay, select_batch, should_dispatch, split_rows
+from serve.codec import Piece
+
+log = logging.getLogger(__name__)
+
+
+class OverloadedError(Exception):
+    """More images wait than max_queued_images: refuse (503) rather than queue without end."""
+
+
+@dataclasses.dataclass
+class _Waiting:
+    piece: Piece
+    future: asyncio.Future[np.ndarray]
+    arrived: float
+    request: int
+
+
+@dataclasses.dataclass
+class BatchStats:
+    calls: int = 0
+    images: int = 0
+    largest: int = 0
+
+
+class Batcher:
+    def __init__(
+        self,
+        predict: Callable[[np.ndarray], np.ndarray],
+        *,
+        max_batch_size: int,
+        max_delay_s: float,
+        max_queued_images: int,
+    ) -> None:
+        self._predict = predict
+        self._max_batch_size = max_batch_size
+        self._max_delay_s = max_delay_s
+        self._max_queued_images = max_queued_images
+        self._waiting: collections.deque[_Waiting] = collections.deque()
+        self._queued_images = 0
+        self._wakeup = asyncio.Event()
+        self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="model")
+        self._task: asyncio.Task[None] | None = None
+        # Requests in the server (read, decoded or waiting for the model): whether waiting for
+        # more pieces can pay off.
+        self._in_flight = 0
+        self._next_request = 0
+        self.stats = BatchStats()
+
+    @contextlib.contextmanager
+    def in_flight(self) -> Iterator[None]:
+        """Around one request, from its first byte to its prediction."""
+        self._in_flight += 1
+        try:
+            yield
+        finally:
+            self._in_flight -= 1
+            self._wakeup.set()
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="batcher")
+
+    async def stop(self) -> None:
+        """After the server drained: nothing waits any more."""
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        self._executor.shutdown(wait=True)
+
+    def submit(self, pieces: list[Piece]) -> list[asyncio.Future[np.ndarray]]:
+        """Queue one request's pieces; its probabilities come through the futures."""
+        images = sum(piece.count for piece in pieces)
+        if self._queued_images + images > self._max_queued_images:
+            raise OverloadedError(f"{self._queued_images} images already wait for the model")
+        loop = asyncio.get_running_loop()
+        now = time.monotonic()
+        self._next_request += 1
+        futures: list[asyncio.Future[np.ndarray]] = []
+        for piece in pieces:
+            future: asyncio.Future[np.ndarray] = loop.create_future()
+            self._waiting.append(_Waiting(piece, future, now, self._next_request))
+            futures.append(future)
+        self._queued_images += images
+        self._wakeup.set()
+        return futures
+
+    @staticmethod
+    async def collect(futures: list[asyncio.Future[np.ndarray]]) -> np.ndarray:
+        """The probabilities of every image of one request, in request order."""
+        results = await asyncio.gather(*futures)
+        return np.concatenate(results) if len(results) > 1 else results[0]
+
+    async def predict(self, pieces: list[Piece]) -> np.ndarray:
+        return await self.collect(self.submit(pieces))
+
+    async def _next_batch(self) -> list[_Waiting]:
+        while True:
+            while not self._waiting:
+                self._wakeup.clear()
+                await self._wakeup.wait()
+            shapes = [w.piece.shape for w in self._waiting]
+            counts = [w.piece.count for w in self._waiting]
+            chosen = select_batch(shapes, counts, self._max_batch_size)
+            batch_images = sum(counts[i] for i in chosen)
+            waited = time.monotonic() - self._waiting[0].arrived
+            in_batch = len({self._waiting[i].request for i in chosen})
+            if should_dispatch(
+                batch_images,
+                self._max_batch_size,
+                waited,
+                self._max_delay_s,
+                self._in_flight - in_batch,
+            ):
+                break
+            self._wakeup.clear()
+            # More pieces may arrive before the delay runs out; either wakes us.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(
+                    self._wakeup.wait(), remaining_delay(waited, self._max_delay_s)
+                )
+        taken = set(chosen)
+        batch = [w for i, w in enumerate(self._waiting) if i in taken]
+        self._waiting = collections.deque(w for i, w in enumerate(self._waiting) if i not in taken)
+        return batch
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            batch = await self._next_batch()
+            # Requests whose client went away are not computed.
+            live = [w for w in batch if not w.future.done()]
+            self._queued_images -= sum(w.piece.count for w in batch)
+            if not live:
+                continue
+            images = (
+                live[0].piece.images
+                if len(live) == 1
+                else np.concatenate([w.piece.images for w in live])
+            )
+            try:
+                probabilities = await loop.run_in_executor(self._executor, self._predict, images)
+            except Exception as exc:  # noqa: BLE001  (the model's error goes to every waiter)
+                log.error("model call on %d image(s) failed: %s", len(images), exc)
+                for w in live:
+                    if not w.future.done():
+                        w.future.set_exception(exc)
+                continue
+            self.stats.calls += 1
+            self.stats.images += len(images)
+            self.stats.largest = max(self.stats.largest, len(images))
+            for w, rows in zip(live, split_rows([w.piece.count for w in live]), strict=True):
+                if not w.future.done():
+                    w.future.set_result(probabilities[rows])

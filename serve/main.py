@@ -1,0 +1,75 @@
+"""`serve`: the console script SageMaker starts (`docker run IMAGE serve`).
+
+Reads the settings and checks the model folder before anything listens: a bad setting or a
+missing model is one line and exit 2 within a second, not a server that never answers /ping.
+Then uvicorn runs the app in SAGEMAKER_MODEL_SERVER_WORKERS worker processes (1 by default:
+TensorFlow already spreads one model call over every core, and one worker's batches are
+larger). On SIGTERM uvicorn stops accepting, finishes the requests in flight (at most
+SM_SERVE_GRACEFUL_TIMEOUT_S) and exits 0.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+from collections.abc import Sequence
+
+import uvicorn
+
+from serve.logs import configure_logging
+from serve.model import ModelError, find_model_files
+from serve.settings import SettingsError, settings_from_env
+
+log = logging.getLogger("serve")
+
+EXIT_BAD_INPUT = 2
+USAGE = "usage: serve  (settings come from environment variables; see the README's Serve section)"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    configure_logging()
+    if args:
+        print(USAGE, file=sys.stderr)
+        return EXIT_BAD_INPUT
+    try:
+        settings = settings_from_env(os.environ)
+        files = find_model_files(settings.model_dir)
+    except (SettingsError, ModelError) as exc:
+        log.error("cannot serve: %s", exc)
+        return EXIT_BAD_INPUT
+    log.info(
+        "serving %s (%d classes) on port %d with %d worker(s)",
+        files.saved_model,
+        len(files.classes),
+        settings.port,
+        settings.workers,
+    )
+    # uvicorn drains on SIGTERM/SIGINT, then re-raises the signal with the handlers it found
+    # (uvicorn/server.py, Server.capture_signals), so that the process would die of it (143).
+    # A drained server has succeeded: these handlers absorb the re-raise and we exit 0.
+    stop_signals: list[int] = []
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda number, _frame: stop_signals.append(number))
+    uvicorn.run(
+        "serve.app:create_app",
+        factory=True,
+        host=settings.host,
+        port=settings.port,
+        workers=settings.workers,
+        # Our own logging format everywhere (uvicorn's loggers propagate to the root logger).
+        log_config=None,
+        access_log=settings.access_log,
+        timeout_graceful_shutdown=int(settings.graceful_timeout_s),
+        # SageMaker's front end keeps connections open; a short keep-alive only costs reconnects.
+        timeout_keep_alive=75,
+        server_header=False,
+    )
+    log.info("stopped%s", f" on signal {stop_signals[0]}" if stop_signals else "")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,135 @@
+"""The server's settings, from environment variables only (SageMaker's ContainerDefinition
+Environment, or `docker run -e`). Pure: a mapping in, a frozen Settings out, or SettingsError."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T", int, float)
+
+DEFAULT_PORT = 8080
+# SageMaker's real-time limit; batch transform passes its own MaxPayloadInMB.
+DEFAULT_MAX_PAYLOAD_MB = 6
+# SageMaker's own cap on MaxPayloadInMB, and on MaxConcurrentTransforms x MaxPayloadInMB.
+MAX_PAYLOAD_MB_LIMIT = 100
+# SageMaker sends SIGKILL 30 s after SIGTERM: drain in less.
+DEFAULT_GRACEFUL_TIMEOUT_S = 25.0
+# CreateTransformJob's spelling, which the SDK's local mode insists on in /execution-parameters
+# (AWS's guide shows MULTI_RECORD; SAGEMAKER_BATCH_STRATEGY may come either way).
+BATCH_STRATEGIES = ("MultiRecord", "SingleRecord")
+ACCEPT_TYPES = ("application/json", "application/jsonlines")
+
+
+class SettingsError(ValueError):
+    """A setting that cannot be used; the message names the variable."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    model_dir: Path = Path("/opt/ml/model")
+    host: str = "0.0.0.0"  # noqa: S104  (a container's server listens on every interface)
+    port: int = DEFAULT_PORT
+    workers: int = 1
+    max_batch_size: int = 32
+    max_batch_delay_ms: float = 5.0
+    # Images waiting for the model, beyond which requests get 503 instead of queueing forever.
+    max_queued_images: int = 1024
+    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_MB * 1024 * 1024
+    request_timeout_s: float = 60.0
+    graceful_timeout_s: float = DEFAULT_GRACEFUL_TIMEOUT_S
+    default_accept: str = "application/json"
+    batch_transform: bool = False
+    batch_strategy: str = "MultiRecord"
+    max_concurrent_transforms: int | None = None
+    access_log: bool = False
+
+    @property
+    def max_payload_mb(self) -> int:
+        return self.max_payload_bytes // (1024 * 1024)
+
+
+def _number(env: Mapping[str, str], name: str, convert: Callable[[str], T], low: T, high: T) -> T:
+    raw = env[name].strip()
+    try:
+        value = convert(raw)
+    except ValueError:
+        raise SettingsError(f"{name}={raw!r} is not a number") from None
+    if not low <= value <= high:
+        raise SettingsError(f"{name}={raw!r} must be between {low} and {high}")
+    return value
+
+
+def _flag(env: Mapping[str, str], name: str) -> bool:
+    raw = env[name].strip().lower()
+    if raw in ("true", "1", "yes"):
+        return True
+    if raw in ("false", "0", "no", ""):
+        return False
+    raise SettingsError(f"{name}={env[name]!r} must be true or false")
+
+
+# (variable, Settings field, type, lowest, highest, multiplier): the numeric settings.
+_NUMBERS: tuple[tuple[str, str, type, float, float, int], ...] = (
+    ("SAGEMAKER_BIND_TO_PORT", "port", int, 1, 65535, 1),
+    ("SAGEMAKER_MODEL_SERVER_WORKERS", "workers", int, 1, 64, 1),
+    ("SAGEMAKER_MODEL_SERVER_TIMEOUT", "request_timeout_s", float, 1, 3600, 1),
+    ("SAGEMAKER_MAX_PAYLOAD_IN_MB", "max_payload_bytes", int, 1, MAX_PAYLOAD_MB_LIMIT, 1 << 20),
+    ("SAGEMAKER_MAX_CONCURRENT_TRANSFORMS", "max_concurrent_transforms", int, 1, 100, 1),
+    ("SM_SERVE_MAX_BATCH_SIZE", "max_batch_size", int, 1, 4096, 1),
+    ("SM_SERVE_MAX_BATCH_DELAY_MS", "max_batch_delay_ms", float, 0, 1000, 1),
+    ("SM_SERVE_MAX_QUEUED_IMAGES", "max_queued_images", int, 1, 1 << 20, 1),
+    ("SM_SERVE_GRACEFUL_TIMEOUT_S", "graceful_timeout_s", float, 0, 3600, 1),
+)
+
+
+def _batch_strategy(value: str) -> str:
+    """MULTI_RECORD, multirecord, MultiRecord -> MultiRecord."""
+    squashed = value.replace("_", "").lower()
+    return next((s for s in BATCH_STRATEGIES if s.lower() == squashed), value)
+
+
+# (variable, Settings field, allowed values, normalize): the settings chosen from a list.
+_CHOICES: tuple[tuple[str, str, tuple[str, ...], Callable[[str], str]], ...] = (
+    ("SAGEMAKER_DEFAULT_INVOCATIONS_ACCEPT", "default_accept", ACCEPT_TYPES, str.lower),
+    ("SAGEMAKER_BATCH_STRATEGY", "batch_strategy", BATCH_STRATEGIES, _batch_strategy),
+)
+_FLAGS = (("SAGEMAKER_BATCH", "batch_transform"), ("SM_SERVE_ACCESS_LOG", "access_log"))
+
+
+def settings_from_env(env: Mapping[str, str]) -> Settings:
+    """Every variable is optional (empty counts as unset); a malformed one raises SettingsError
+    naming it."""
+    values: dict[str, object] = {}
+    if env.get("SM_SERVE_MODEL_DIR"):
+        values["model_dir"] = Path(env["SM_SERVE_MODEL_DIR"])
+    for name, field, kind, low, high, multiplier in _NUMBERS:
+        if env.get(name, "").strip():
+            values[field] = _number(env, name, kind, kind(low), kind(high)) * multiplier
+    for name, field, allowed, normalize in _CHOICES:
+        if env.get(name, "").strip():
+            value = normalize(env[name].strip())
+            if value not in allowed:
+                raise SettingsError(f"{name}={value!r} must be one of {', '.join(allowed)}")
+            values[field] = value
+    for name, field in _FLAGS:
+        if name in env:
+            values[field] = _flag(env, name)
+    return Settings(**values)  # type: ignore[arg-type]
+
+
+def execution_parameters(settings: Settings) -> dict[str, object]:
+    """GET /execution-parameters: what a batch transform job should send us, unless its request
+    says otherwise. Concurrent requests are what the batcher merges, so we ask for as many as one
+    model call takes, within SageMaker's rule MaxConcurrentTransforms x MaxPayloadInMB <= 100."""
+    payload_mb = max(1, settings.max_payload_mb)
+    concurrency = settings.max_concurrent_transforms or min(
+        settings.max_batch_size * settings.workers, MAX_PAYLOAD_MB_LIMIT // payload_mb
+    )
+    return {
+        "MaxConcurrentTransforms": max(1, concurrency),
+        "BatchStrategy": settings.batch_strategy,
+        "MaxPayloadInMB": payload_mb,
+    }

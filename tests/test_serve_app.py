@@ -1,0 +1,194 @@
+"""serve's app in-process over HTTP (Starlette's TestClient), with a small numpy stand-in for
+the TensorFlow model: routes, statuses, /ping before and after loading, and that concurrent
+requests meet in one model call. The real model in the real image: test_serve_docker.py."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+from starlette.testclient import TestClient
+
+from serve.app import create_app
+from serve.model import LoadedModel, ModelFiles
+from serve.settings import Settings
+
+CLASSES = ("dark", "light")
+
+
+def png(value: int, side: int = 4) -> bytes:
+    buffer = io.BytesIO()
+    Image.fromarray(np.full((side, side, 3), value, np.uint8)).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+class FakeModel:
+    """Mean brightness -> (dark, light) probabilities; records every call's batch size."""
+
+    def __init__(self, delay_s: float = 0.0, loaded: threading.Event | None = None) -> None:
+        self.delay_s = delay_s
+        self.loaded = loaded
+        self.batch_sizes: list[int] = []
+
+    def load(self, files: ModelFiles) -> LoadedModel:
+        if self.loaded is not None:
+            self.loaded.wait(10)
+        return LoadedModel(files.classes, self.predict)
+
+    def predict(self, images: np.ndarray) -> np.ndarray:
+        time.sleep(self.delay_s)
+        self.batch_sizes.append(len(images))
+        light = images.reshape(len(images), -1).mean(axis=1) / 255
+        return np.stack([1 - light, light], axis=1).astype(np.float32)
+
+
+@pytest.fixture
+def model_dir(tmp_path: Path) -> Path:
+    (tmp_path / "1").mkdir()
+    (tmp_path / "1" / "saved_model.pb").write_bytes(b"")
+    (tmp_path / "classes.json").write_text(json.dumps(CLASSES))
+    return tmp_path
+
+
+def client_for(model_dir: Path, fake: FakeModel, **settings) -> TestClient:
+    app = create_app(Settings(model_dir=model_dir, **settings), loader=fake.load)
+    return TestClient(app, raise_server_exceptions=False)
+
+
+def wait_ready(client: TestClient) -> None:
+    deadline = time.monotonic() + 10
+    while client.get("/ping").status_code != 200:
+        assert time.monotonic() < deadline, "never ready"
+        time.sleep(0.01)
+
+
+def test_ping_is_503_until_the_model_is_loaded(model_dir: Path) -> None:
+    loaded = threading.Event()
+    fake = FakeModel(loaded=loaded)
+    with client_for(model_dir, fake) as client:
+        assert client.get("/ping").status_code == 503
+        response = client.post(
+            "/invocations", content=png(0), headers={"content-type": "image/png"}
+        )
+        assert response.status_code == 503
+        assert response.json() == {"error": "the model is still loading"}
+        loaded.set()
+        wait_ready(client)
+        assert client.get("/ping").status_code == 200
+
+
+def test_predicts_labels_probabilities_and_top_k(model_dir: Path) -> None:
+    with client_for(model_dir, FakeModel()) as client:
+        wait_ready(client)
+        response = client.post(
+            "/invocations",
+            content=json.dumps(
+                {"instances": [{"b64": base64.b64encode(png(255)).decode()}, [[[0, 0, 0]]]]}
+            ),
+            headers={
+                "content-type": "application/json",
+                "x-amzn-sagemaker-custom-attributes": "top_k=1",
+            },
+        )
+        assert response.status_code == 200
+        assert response.headers["content-type"] == "application/json"
+        assert response.json() == {
+            "predictions": [
+                {
+                    "label": "light",
+                    "probabilities": [0.0, 1.0],
+                    "top_k": [{"label": "light", "probability": 1.0}],
+                },
+                {
+                    "label": "dark",
+                    "probabilities": [1.0, 0.0],
+                    "top_k": [{"label": "dark", "probability": 1.0}],
+                },
+            ]
+        }
+        lines = client.post(
+            "/invocations",
+            content=png(255),
+            headers={"content-type": "image/png", "accept": "application/jsonlines"},
+        )
+        assert lines.headers["content-type"] == "application/jsonlines"
+        assert [json.loads(line)["label"] for line in lines.text.splitlines()] == ["light"]
+
+
+@pytest.mark.parametrize(
+    ("headers", "body", "status", "error"),
+    [
+        ({"content-type": "text/csv"}, b"1,2", 415, "unsupported Content-Type 'text/csv'"),
+        ({"content-type": "image/png"}, b"nope", 400, "image: not an image pillow can read"),
+        ({"content-type": "application/json"}, b"{", 400, "body: malformed JSON"),
+        ({"content-type": "image/png", "accept": "text/csv"}, png(1), 406, "cannot answer in"),
+        (
+            {"content-type": "image/png", "x-amzn-sagemaker-custom-attributes": "top_k=x"},
+            png(1),
+            400,
+            "custom attribute top_k='x' is not an integer",
+        ),
+        ({"content-type": "image/png"}, b"x" * 2000, 413, "body of 2000 bytes is over the limit"),
+    ],
+)
+def test_errors_are_one_json_line_with_their_status(
+    model_dir: Path, headers: dict, body: bytes, status: int, error: str
+) -> None:
+    with client_for(model_dir, FakeModel(), max_payload_bytes=1000) as client:
+        wait_ready(client)
+        response = client.post("/invocations", content=body, headers=headers)
+        assert response.status_code == status
+        assert response.json()["error"].startswith(error)
+
+
+def test_a_model_failure_is_a_500_with_one_line(model_dir: Path) -> None:
+    fake = FakeModel()
+
+    def broken(_images: np.ndarray) -> np.ndarray:
+        raise RuntimeError("out of\nmemory")
+
+    fake.predict = broken  # type: ignore[method-assign]
+    with client_for(model_dir, fake) as client:
+        wait_ready(client)
+        response = client.post(
+            "/invocations", content=png(1), headers={"content-type": "image/png"}
+        )
+        assert response.status_code == 500
+        assert response.json() == {"error": "RuntimeError: out of memory"}
+
+
+def test_concurrent_requests_share_model_calls(model_dir: Path) -> None:
+    fake = FakeModel(delay_s=0.05)
+    with client_for(model_dir, fake, max_batch_size=8, max_batch_delay_ms=20) as client:
+        wait_ready(client)
+
+        def one(value: int) -> str:
+            response = client.post(
+                "/invocations", content=png(value), headers={"content-type": "image/png"}
+            )
+            assert response.status_code == 200, response.text
+            return response.json()["predictions"][0]["label"]
+
+        with ThreadPoolExecutor(16) as pool:
+            labels = list(pool.map(one, [0, 255] * 8))
+    assert labels == ["dark", "light"] * 8
+    assert sum(fake.batch_sizes) == 16
+    assert max(fake.batch_sizes) <= 8
+    assert len(fake.batch_sizes) < 16, fake.batch_sizes
+
+
+def test_execution_parameters(model_dir: Path) -> None:
+    with client_for(model_dir, FakeModel(), max_batch_size=4) as client:
+        assert client.get("/execution-parameters").json() == {
+            "MaxConcurrentTransforms": 4,
+            "BatchStrategy": "MultiRecord",
+            "MaxPayloadInMB": 6,
+        }
