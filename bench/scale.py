@@ -160,8 +160,14 @@ def _wait_for_sshd_everywhere(cluster: Cluster) -> None:
     """The floor's containers: every worker accepts ssh from the first host (one exec)."""
     hosts = " ".join(cluster.hosts[1:])
     script = f"for h in {hosts}; do until ssh $h true 2>/dev/null; do sleep 0.2; done; done"
-    docker_exec(cluster.docker, cluster.container(cluster.hosts[0]), "sh", "-c", script,
-                timeout=RUN_TIMEOUT_S)  # fmt: skip
+    docker_exec(
+        cluster.docker,
+        cluster.container(cluster.hosts[0]),
+        "sh",
+        "-c",
+        script,
+        timeout=RUN_TIMEOUT_S,
+    )
 
 
 def measure(space: Workspace, launcher: Launcher, hosts: int) -> ScaleRun:
@@ -191,10 +197,16 @@ def measure(space: Workspace, launcher: Launcher, hosts: int) -> ScaleRun:
         if len(ranks) != hosts:
             raise RuntimeError(f"{len(ranks)} of {hosts} ranks wrote their times")
     except RUN_ERRORS as error:
-        log.warning("%s at %d hosts failed: %s\n%s", launcher.value, hosts, error,
-                    cluster.logs(cluster.hosts[0])[-3000:])  # fmt: skip
-        return ScaleRun(launcher.value, hosts, None, None, error=f"{type(error).__name__}: "
-                        f"{str(error)[:300]}")  # fmt: skip
+        log.warning(
+            "%s at %d hosts failed: %s\n%s",
+            launcher.value,
+            hosts,
+            error,
+            cluster.logs(cluster.hosts[0])[-3000:],
+        )
+        return ScaleRun(
+            launcher.value, hosts, None, None, error=f"{type(error).__name__}: {str(error)[:300]}"
+        )
     finally:
         if samplers:
             for sampler in samplers:
@@ -222,9 +234,12 @@ def measure_fault(space: Workspace, hosts: int, kind: str) -> FaultRun:
     """Our entry point at `hosts`: once every rank allreduces, kill or cut off algo-2."""
     victim = "algo-2"
     cluster = make_cluster(
-        space, Launcher.OURS, hosts, program=PROGRAM,
+        space,
+        Launcher.OURS,
+        hosts,
+        program=PROGRAM,
         program_args={"seconds": "900", "host_wait_timeout": "600"},
-    )  # fmt: skip
+    )
     others = [host for host in cluster.hosts if host != victim]
     try:
         cluster.start()
@@ -267,13 +282,40 @@ def _over(value: float | None, floor: float | None) -> float | None:
     return None if value is None or floor is None else value - floor
 
 
+def _growth_row(
+    ours: dict[int, ScaleRun], floor: dict[int, ScaleRun]
+) -> tuple[str, str, str, bool]:
+    """Start time from the smallest to the largest count both completed: ours must grow no
+    faster than the floor's own (a ratio of at most 1)."""
+    both = sorted(
+        hosts
+        for hosts in ours
+        if hosts in floor and ours[hosts].start_s is not None and floor[hosts].start_s is not None
+    )
+    goal = "start time growth, fewest to most hosts"
+    target = "no faster than bare mpirun's"
+    if len(both) < 2:
+        return (goal, target, "-", False)
+    low, high = both[0], both[-1]
+    ours_growth = ours[high].start_s - ours[low].start_s  # type: ignore[operator]
+    floor_growth = floor[high].start_s - floor[low].start_s  # type: ignore[operator]
+    measured = f"{low}->{high} hosts: +{ours_growth:.1f} s vs mpirun +{floor_growth:.1f} s"
+    return (goal, target, measured, ours_growth <= floor_growth)
+
+
 def goals(runs: Sequence[ScaleRun], faults: Sequence[FaultRun]) -> list[tuple[str, str, str, bool]]:
     """(goal, target, measured, met) rows."""
     ours, floor = _by(runs, Launcher.OURS), _by(runs, Launcher.MPIRUN)
     largest = max(ours) if ours else 0
     completed = [hosts for hosts, run in ours.items() if run.error is None]
-    rows = [("128 hosts complete", "yes", f"up to {max(completed, default=0)} of {largest}",
-             128 in completed)]  # fmt: skip
+    rows = [
+        (
+            "128 hosts complete",
+            "yes",
+            f"up to {max(completed, default=0)} of {largest}",
+            128 in completed,
+        )
+    ]
     four = _over(ours[4].start_s, floor[4].start_s) if 4 in ours and 4 in floor else None
     rows.append(
         (
@@ -283,17 +325,29 @@ def goals(runs: Sequence[ScaleRun], faults: Sequence[FaultRun]) -> list[tuple[st
             four is not None and four <= GOAL_START_OVER_FLOOR_S,
         )
     )
+    rows.append(_growth_row(ours, floor))
     ends = [_over(ours[h].end_s, floor[h].end_s) for h in ours if h in floor]
     worst_end = max((end for end in ends if end is not None), default=None)
-    rows.append(("end overhead", f"<= {GOAL_END_OVER_FLOOR_S:.0f} s over bare mpirun at "
-                 "every count", f"max +{_s(worst_end)} s", worst_end is not None
-                 and worst_end <= GOAL_END_OVER_FLOOR_S))  # fmt: skip
+    rows.append(
+        (
+            "end overhead",
+            f"<= {GOAL_END_OVER_FLOOR_S:.0f} s over bare mpirun at every count",
+            f"max +{_s(worst_end)} s",
+            worst_end is not None and worst_end <= GOAL_END_OVER_FLOOR_S,
+        )
+    )
     for kind, bound in (("kill", GOAL_KILL_S), ("cut", GOAL_CUT_S)):
         done = [f.down_s for f in faults if f.kind == kind]
         worst = max((d for d in done if d is not None), default=None)
         ok = bool(done) and None not in done and worst is not None and worst <= bound
-        rows.append((f"worker {'killed' if kind == 'kill' else 'cut off'}: every host down",
-                     f"<= {bound:.0f} s", f"{_s(worst)} s", ok))  # fmt: skip
+        rows.append(
+            (
+                f"worker {'killed' if kind == 'kill' else 'cut off'}: every host down",
+                f"<= {bound:.0f} s",
+                f"{_s(worst)} s",
+                ok,
+            )
+        )
     return rows
 
 
@@ -302,33 +356,43 @@ def to_markdown(runs: Sequence[ScaleRun], faults: Sequence[FaultRun], header: st
     for goal, target, measured, met in goals(runs, faults):
         lines.append(f"| {goal} | {target} | {measured} | {'yes' if met else '**no**'} |")
     floor = _by(runs, Launcher.MPIRUN)
-    lines += ["", "| Hosts | Launcher | Start (s) | End (s) | Start vs mpirun | End vs mpirun "
-              "| Master peak MiB | Master peak processes | Worker peak MiB |",
-              "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines += [
+        "",
+        "| Hosts | Launcher | Start (s) | End (s) | Start vs mpirun | End vs mpirun "
+        "| Master peak MiB | Master peak processes | Worker peak MiB |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for run in sorted(runs, key=lambda r: (r.hosts, list(Launcher).index(Launcher(r.launcher)))):
         base = floor.get(run.hosts)
         if run.error:
-            lines.append(f"| {run.hosts} | {Launcher(run.launcher).label} | failed: "
-                         f"{run.error[:120]} | | | | | | |")  # fmt: skip
+            lines.append(
+                f"| {run.hosts} | {Launcher(run.launcher).label} | failed: "
+                f"{run.error[:120]} | | | | | | |"
+            )
             continue
         versus = [
-            "-" if run.launcher == Launcher.MPIRUN.value or base is None
+            "-"
+            if run.launcher == Launcher.MPIRUN.value or base is None
             else f"+{_s(_over(value, getattr(base, field)))} s"
             for value, field in ((run.start_s, "start_s"), (run.end_s, "end_s"))
-        ]  # fmt: skip
+        ]
         lines.append(
             f"| {run.hosts} | {Launcher(run.launcher).label} | {_s(run.start_s)} | "
             f"{_s(run.end_s)} | {versus[0]} | {versus[1]} | {_s(run.master_peak_mib, 0)} | "
             f"{run.master_peak_processes if run.master_peak_processes is not None else '-'} | "
             f"{_s(run.worker_peak_mib, 0)} |"
         )
-    lines += ["", "| Fault | Hosts | Every other host down after (s) | Non-zero exits | "
-              "Failure lines |", "|---|---|---|---|---|"]  # fmt: skip
+    lines += [
+        "",
+        "| Fault | Hosts | Every other host down after (s) | Non-zero exits | Failure lines |",
+        "|---|---|---|---|---|",
+    ]
     for fault in faults:
         what = "worker killed" if fault.kind == "kill" else "worker cut off the network"
         text = fault.error or "<br>".join(line.replace("|", "/") for line in fault.failure_lines)
-        lines.append(f"| {what} | {fault.hosts} | {_s(fault.down_s)} | {fault.nonzero_exits} | "
-                     f"{text} |")  # fmt: skip
+        lines.append(
+            f"| {what} | {fault.hosts} | {_s(fault.down_s)} | {fault.nonzero_exits} | {text} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -340,11 +404,18 @@ def plot(runs: Sequence[ScaleRun], path: Path) -> None:
         (axes[1], "end_s", "end: last rank left -> last container exit"),
     ):
         for launcher in Launcher:
-            points = sorted((h, getattr(r, field)) for h, r in _by(runs, launcher).items()
-                            if getattr(r, field) is not None)  # fmt: skip
+            points = sorted(
+                (h, getattr(r, field))
+                for h, r in _by(runs, launcher).items()
+                if getattr(r, field) is not None
+            )
             if points:
-                axis.plot(*zip(*points, strict=True), marker="o", label=launcher.label,
-                          color=colors[launcher])  # fmt: skip
+                axis.plot(
+                    *zip(*points, strict=True),
+                    marker="o",
+                    label=launcher.label,
+                    color=colors[launcher],
+                )
         axis.set_xscale("log")
         axis.set_xticks(sorted({run.hosts for run in runs}))
         axis.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
@@ -362,8 +433,9 @@ def plot(runs: Sequence[ScaleRun], path: Path) -> None:
 # Main
 
 
-def run_all(space: Workspace, counts: Sequence[int], fault_hosts: int | None,
-            launchers: Sequence[Launcher]) -> tuple[list[ScaleRun], list[FaultRun]]:  # fmt: skip
+def run_all(
+    space: Workspace, counts: Sequence[int], fault_hosts: int | None, launchers: Sequence[Launcher]
+) -> tuple[list[ScaleRun], list[FaultRun]]:
     runs: list[ScaleRun] = []
     gave_up: set[Launcher] = set()
     for hosts in counts:
@@ -380,6 +452,43 @@ def run_all(space: Workspace, counts: Sequence[int], fault_hosts: int | None,
     return runs, faults
 
 
+def scale_to_json(runs: Sequence[ScaleRun], faults: Sequence[FaultRun], header: str) -> str:
+    document = {
+        "header": header,
+        "runs": [dataclasses.asdict(run) for run in runs],
+        "faults": [dataclasses.asdict(fault) for fault in faults],
+    }
+    return json.dumps(document, indent=2) + "\n"
+
+
+def scale_from_json(text: str) -> tuple[list[ScaleRun], list[FaultRun], str]:
+    document = json.loads(text)
+    runs = [ScaleRun(**run) for run in document["runs"]]
+    faults = [
+        FaultRun(**{**fault, "failure_lines": tuple(fault["failure_lines"])})
+        for fault in document["faults"]
+    ]
+    return runs, faults, document["header"]
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    """A reader never sees half a file: write beside it, then rename over it."""
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(text)
+    partial.replace(path)
+
+
+def write_scale_report(
+    runs: Sequence[ScaleRun], faults: Sequence[FaultRun], header: str, out: Path
+) -> str:
+    out.mkdir(parents=True, exist_ok=True)
+    markdown = to_markdown(runs, faults, header)
+    _write_atomically(out / "scale.json", scale_to_json(runs, faults, header))
+    _write_atomically(out / "scale.md", markdown)
+    plot(runs, out / "scale.png")
+    return markdown
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     parser = argparse.ArgumentParser(
@@ -391,25 +500,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--hosts", default=",".join(map(str, DEFAULT_HOSTS)))
     parser.add_argument("--fault-hosts", type=int, default=64, help="0: no fault runs")
     parser.add_argument("--no-toolkit", action="store_true")
+    parser.add_argument(
+        "--render", action="store_true", help="only re-render OUT/scale.{md,png} from scale.json"
+    )
     args = parser.parse_args(argv)
+    if args.render:
+        runs, faults, header = scale_from_json((args.out / "scale.json").read_text())
+        print(write_scale_report(runs, faults, header, args.out))
+        return 0
     counts = [int(count) for count in args.hosts.split(",")]
     launchers = [each for each in Launcher if not (args.no_toolkit and each is Launcher.TOOLKIT)]
     started = time.monotonic()
     with workspace(args.docker, args.image) as space:
         runs, faults = run_all(space, counts, args.fault_hosts, launchers)
     minutes = (time.monotonic() - started) / 60
-    sha = commit()
-    header = (f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} by "
-              f"`python -m bench.scale` (one run per cell; the whole run took {minutes:.1f} min) "
-              f"at commit `{sha}`, {os.cpu_count()} cores.")  # fmt: skip
-    args.out.mkdir(parents=True, exist_ok=True)
-    document = {"runs": [dataclasses.asdict(r) for r in runs],
-                "faults": [dataclasses.asdict(f) for f in faults], "header": header}  # fmt: skip
-    (args.out / "scale.json").write_text(json.dumps(document, indent=2) + "\n")
-    markdown = to_markdown(runs, faults, header)
-    (args.out / "scale.md").write_text(markdown)
-    plot(runs, args.out / "scale.png")
-    print(markdown)
+    header = (
+        f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} by "
+        f"`python -m bench.scale` (one run per cell; the whole run took {minutes:.1f} min) "
+        f"at commit `{commit()}`, {os.cpu_count()} cores."
+    )
+    print(write_scale_report(runs, faults, header, args.out))
     return 0
 
 

@@ -1,0 +1,79 @@
+"""bench/scale.py's pure parts: the goal rows, the table and the JSON round trip."""
+
+from __future__ import annotations
+
+from bench.scale import (
+    FaultRun,
+    ScaleRun,
+    goals,
+    scale_from_json,
+    scale_to_json,
+    to_markdown,
+)
+
+
+def _run(launcher: str, hosts: int, start: float | None, end: float | None, **more) -> ScaleRun:
+    return ScaleRun(launcher, hosts, start, end, **more)
+
+
+RUNS = [
+    _run("ours", 4, 4.5, 0.30, master_peak_mib=120.0, master_peak_processes=14),
+    _run("mpirun", 4, 3.0, 0.10),
+    _run("toolkit", 4, 9.0, 31.0),
+    _run("ours", 128, 60.0, 0.80),
+    _run("mpirun", 128, 50.0, 0.20),
+    _run("toolkit", 128, None, None, error="TimeoutError: 900 s"),
+]
+FAULTS = [
+    FaultRun("kill", 64, 2.5, 63, ("host algo-2 was lost",)),
+    FaultRun("cut", 64, 12.0, 63, ("host algo-2 was lost",)),
+]
+
+
+def test_goals_judge_each_target_from_the_runs() -> None:
+    assert goals(RUNS, FAULTS) == [
+        ("128 hosts complete", "yes", "up to 128 of 128", True),
+        ("start overhead at 4 hosts", "<= 2 s over bare mpirun", "+1.50 s", True),
+        (
+            "start time growth, fewest to most hosts",
+            "no faster than bare mpirun's",
+            "4->128 hosts: +55.5 s vs mpirun +47.0 s",
+            False,
+        ),
+        ("end overhead", "<= 1 s over bare mpirun at every count", "max +0.60 s", True),
+        ("worker killed: every host down", "<= 10 s", "2.50 s", True),
+        ("worker cut off: every host down", "<= 60 s", "12.00 s", True),
+    ]
+
+
+def test_a_failed_count_or_fault_misses_its_goal() -> None:
+    runs = [_run("ours", 4, None, None, error="boom"), _run("mpirun", 4, 3.0, 0.1)]
+    faults = [FaultRun("kill", 64, None, 0, error="not every host down in time")]
+    rows = {goal: met for goal, _, _, met in goals(runs, faults)}
+    assert rows == {
+        "128 hosts complete": False,
+        "start overhead at 4 hosts": False,
+        "start time growth, fewest to most hosts": False,
+        "end overhead": False,
+        "worker killed: every host down": False,
+        "worker cut off: every host down": False,
+    }
+
+
+def test_table_rows_compare_with_the_floor_and_keep_errors() -> None:
+    text = to_markdown(RUNS, FAULTS, "Measured now.")
+    lines = text.splitlines()
+    assert lines[0] == "Measured now."
+    assert "| 4 | our entry point | 4.50 | 0.30 | +1.50 s | +0.20 s | 120 | 14 | - |" in lines
+    assert "| 4 | bare mpirun (floor) | 3.00 | 0.10 | - | - | - | - | - |" in lines
+    assert any(
+        line.startswith("| 128 | sagemaker-training MPI runner | failed: Timeout") for line in lines
+    )
+    assert "| worker killed | 64 | 2.50 | 63 | host algo-2 was lost |" in lines
+    assert "| start time growth, fewest to most hosts | no faster than bare mpirun's | " in text
+    assert text.endswith("\n")
+
+
+def test_json_round_trip_keeps_every_field() -> None:
+    runs, faults, header = scale_from_json(scale_to_json(RUNS, FAULTS, "Measured now."))
+    assert (runs, faults, header) == (RUNS, FAULTS, "Measured now.")
