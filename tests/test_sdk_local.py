@@ -215,3 +215,14 @@ def test_failed_requirements_install_fails_every_host_before_mpirun(make_cluster
             "(ERROR: No matching distribution found for no-such-package-sm-horovod==1.0)"
         ), cluster.describe()
         assert "mpirun" not in cluster.logs(host)
+
+
+def test_outside_connections_sees_lookups_and_connects_but_not_local_ones():
+    with outside_connections() as attempts:
+        sys.audit("socket.getaddrinfo", "sagemaker.us-east-1.amazonaws.com", 443, 0, 0, 0)
+        sys.audit("socket.getaddrinfo", "localhost", 80, 0, 0, 0)
+        sys.audit("socket.connect", None, ("52.94.0.1", 443))
+        sys.audit("socket.connect", None, ("127.0.0.1", 2375))
+        sys.audit("socket.connect", None, "/var/run/docker.sock")
+    sys.audit("socket.connect", None, ("52.94.0.2", 443))
+    assert attempts == ["lookup sagemaker.us-east-1.amazonaws.com", "connect 52.94.0.1:443"]
