@@ -66,6 +66,10 @@ if can_install; then
     command -v docker-registry >/dev/null 2>&1 || packages+=(docker-registry)
     command -v ssh-keygen >/dev/null 2>&1 || packages+=(openssh-client)
     python3 -m venv --help >/dev/null 2>&1 || packages+=(python3-venv)
+    # Compose for the SDK's local mode: `docker compose` (v2 plugin) or docker-compose.
+    if ! { docker compose version 2>/dev/null | grep -q v2; } && ! command -v docker-compose >/dev/null 2>&1; then
+        packages+=(docker-compose)
+    fi
     if [ "${#packages[@]}" -gt 0 ]; then
         apt_install "${packages[@]}"
     fi
@@ -79,11 +83,13 @@ if ! answers; then
     dockerd_log="${TMPDIR:-/tmp}/sm-horovod-dockerd.log"
     log "starting dockerd (log: $dockerd_log)"
     nohup dockerd >"$dockerd_log" 2>&1 &
+    dockerd_pid=$!
     for _ in $(seq 1 60); do
         answers && break
+        kill -0 "$dockerd_pid" 2>/dev/null || break  # it died: no point in waiting
         sleep 1
     done
-    answers || { tail -n 20 "$dockerd_log" >&2; fail "dockerd did not answer within 60 s"; }
+    answers || { tail -n 5 "$dockerd_log" >&2; fail "dockerd did not start (log: $dockerd_log)"; }
 fi
 
 # 3. A BuildKit-capable client.
@@ -100,10 +106,9 @@ else
 fi
 "$client" info >/dev/null 2>&1 || fail "$client cannot reach the Docker engine"
 
-# 4. Compose for the SDK's local mode: `docker compose` (v2 plugin) or docker-compose.
+# 4. Compose, installed in step 1 where apt-get could.
 if ! { docker compose version 2>/dev/null | grep -q v2; } && ! command -v docker-compose >/dev/null 2>&1; then
-    apt_install docker-compose \
-        || log "warning: no docker compose; tests/test_sdk_local.py will fail (install docker-compose)"
+    log "warning: no docker compose; tests/test_sdk_local.py will fail (install docker-compose)"
 fi
 
 log "docker client $client ($("$client" version --format 'client {{.Client.Version}}, engine {{.Server.Version}}' 2>/dev/null))"
