@@ -119,11 +119,11 @@ def _install_requirements(code_dir: Path) -> None:
 def _prepare_user_code(program: UserScript, paths: ContractPaths) -> None:
     """Script mode: every host fetches the user's code before it serves ssh, so a worker that
     answers the master is a worker that can run the script."""
-    # Imported here, not at the top: it pulls in boto3, a fifth of the entry point's start-up,
-    # and only script mode needs it.
-    from sagemaker_training import files  # noqa: PLC0415
-
     if program.submit_dir != str(paths.code_dir):
+        # Imported only here: it pulls in boto3 (0.27 s, more on a busy host), and code that
+        # SageMaker already placed in /opt/ml/code needs no download.
+        from sagemaker_training import files  # noqa: PLC0415
+
         log.info("fetching the user's code from %s", program.submit_dir)
         try:
             files.download_and_extract(program.submit_dir, str(paths.code_dir))
