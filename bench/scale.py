@@ -24,6 +24,7 @@ import dataclasses
 import json
 import logging
 import os
+import re
 import sys
 import threading
 import time
@@ -66,6 +67,9 @@ class ScaleRun:
     master_peak_mib: float | None = None
     master_peak_processes: int | None = None
     worker_peak_mib: float | None = None
+    # The master's "longest silence of a live worker" (heartbeats are 1 s apart; a worker is
+    # lost after 20 s): how close a busy cluster comes to a false "lost".
+    longest_silence_s: float | None = None
     error: str | None = None
 
 
@@ -170,6 +174,15 @@ def _wait_for_sshd_everywhere(cluster: Cluster) -> None:
     )
 
 
+_LONGEST_SILENCE = re.compile(r"longest silence of a live worker: ([0-9.]+) s")
+
+
+def longest_silence(master_log: str) -> float | None:
+    """The silence figure the master logs at the end of a job, if it logged one."""
+    found = _LONGEST_SILENCE.search(master_log)
+    return float(found.group(1)) if found else None
+
+
 def measure(space: Workspace, launcher: Launcher, hosts: int) -> ScaleRun:
     cluster = make_cluster(
         space, launcher, hosts, program=PROGRAM, program_args={"host_wait_timeout": "600"}
@@ -194,6 +207,7 @@ def measure(space: Workspace, launcher: Launcher, hosts: int) -> ScaleRun:
             began = min(t.started for t in times if t.started is not None)
             ended = max(t.finished for t in times if t.finished is not None)
         ranks = read_rank_times(cluster)
+        silence = longest_silence(cluster.logs(cluster.hosts[0]))
         if len(ranks) != hosts:
             raise RuntimeError(f"{len(ranks)} of {hosts} ranks wrote their times")
     except RUN_ERRORS as error:
@@ -221,6 +235,7 @@ def measure(space: Workspace, launcher: Launcher, hosts: int) -> ScaleRun:
         master_peak_mib=master.peak_mib,
         master_peak_processes=master.peak_processes,
         worker_peak_mib=worker.peak_mib,
+        longest_silence_s=silence if launcher is Launcher.OURS else None,
     )
     log.info("%s", run)
     return run
@@ -359,15 +374,15 @@ def to_markdown(runs: Sequence[ScaleRun], faults: Sequence[FaultRun], header: st
     lines += [
         "",
         "| Hosts | Launcher | Start (s) | End (s) | Start vs mpirun | End vs mpirun "
-        "| Master peak MiB | Master peak processes | Worker peak MiB |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| Master peak MiB | Master peak processes | Worker peak MiB | Longest silence (s) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for run in sorted(runs, key=lambda r: (r.hosts, list(Launcher).index(Launcher(r.launcher)))):
         base = floor.get(run.hosts)
         if run.error:
             lines.append(
                 f"| {run.hosts} | {Launcher(run.launcher).label} | failed: "
-                f"{run.error[:120]} | | | | | | |"
+                f"{run.error[:120]} | | | | | | | |"
             )
             continue
         versus = [
@@ -380,7 +395,7 @@ def to_markdown(runs: Sequence[ScaleRun], faults: Sequence[FaultRun], header: st
             f"| {run.hosts} | {Launcher(run.launcher).label} | {_s(run.start_s)} | "
             f"{_s(run.end_s)} | {versus[0]} | {versus[1]} | {_s(run.master_peak_mib, 0)} | "
             f"{run.master_peak_processes if run.master_peak_processes is not None else '-'} | "
-            f"{_s(run.worker_peak_mib, 0)} |"
+            f"{_s(run.worker_peak_mib, 0)} | {_s(run.longest_silence_s, 1)} |"
         )
     lines += [
         "",

@@ -6,6 +6,7 @@ from bench.scale import (
     FaultRun,
     ScaleRun,
     goals,
+    longest_silence,
     scale_from_json,
     scale_to_json,
     to_markdown,
@@ -17,7 +18,9 @@ def _run(launcher: str, hosts: int, start: float | None, end: float | None, **mo
 
 
 RUNS = [
-    _run("ours", 4, 4.5, 0.30, master_peak_mib=120.0, master_peak_processes=14),
+    _run(
+        "ours", 4, 4.5, 0.30, master_peak_mib=120.0, master_peak_processes=14, longest_silence_s=1.1
+    ),
     _run("mpirun", 4, 3.0, 0.10),
     _run("toolkit", 4, 9.0, 31.0),
     _run("ours", 128, 60.0, 0.80),
@@ -64,8 +67,8 @@ def test_table_rows_compare_with_the_floor_and_keep_errors() -> None:
     text = to_markdown(RUNS, FAULTS, "Measured now.")
     lines = text.splitlines()
     assert lines[0] == "Measured now."
-    assert "| 4 | our entry point | 4.50 | 0.30 | +1.50 s | +0.20 s | 120 | 14 | - |" in lines
-    assert "| 4 | bare mpirun (floor) | 3.00 | 0.10 | - | - | - | - | - |" in lines
+    assert "| 4 | our entry point | 4.50 | 0.30 | +1.50 s | +0.20 s | 120 | 14 | - | 1.1 |" in lines
+    assert "| 4 | bare mpirun (floor) | 3.00 | 0.10 | - | - | - | - | - | - |" in lines
     assert any(
         line.startswith("| 128 | sagemaker-training MPI runner | failed: Timeout") for line in lines
     )
@@ -77,3 +80,13 @@ def test_table_rows_compare_with_the_floor_and_keep_errors() -> None:
 def test_json_round_trip_keeps_every_field() -> None:
     runs, faults, header = scale_from_json(scale_to_json(RUNS, FAULTS, "Measured now."))
     assert (runs, faults, header) == (RUNS, FAULTS, "Measured now.")
+
+
+def test_longest_silence_is_read_from_the_masters_last_lines() -> None:
+    log = (
+        "2026-11-22 06:03:12,099 INFO host=algo-1 role=master entrypoint: mpirun exited\n"
+        "2026-11-22 06:03:12,119 INFO host=algo-1 role=master entrypoint: "
+        "longest silence of a live worker: 4.0 s\n"
+    )
+    assert longest_silence(log) == 4.0
+    assert longest_silence("no such line") is None
