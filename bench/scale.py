@@ -151,13 +151,13 @@ class PeakSampler:
 
 
 def _start_sampled(cluster: Cluster) -> tuple[PeakSampler, PeakSampler]:
-    """Start the master, sample it, then the others (algo-2 sampled too)."""
-    cluster.start(hosts=cluster.hosts[:1])
-    master = PeakSampler(cluster.docker, cluster.container(cluster.hosts[0]))
-    cluster.start(hosts=cluster.hosts[1:2])
-    worker = PeakSampler(cluster.docker, cluster.container(cluster.hosts[1]))
-    cluster.start(hosts=cluster.hosts[2:])
-    return master, worker
+    """Start every host at once (as SageMaker does), then sample the master and algo-2. The
+    memory counter is the cgroup's own high-water mark, so sampling late misses no peak."""
+    cluster.start()
+    return (
+        PeakSampler(cluster.docker, cluster.container(cluster.hosts[0])),
+        PeakSampler(cluster.docker, cluster.container(cluster.hosts[1])),
+    )
 
 
 def _wait_for_sshd_everywhere(cluster: Cluster) -> None:
