@@ -64,6 +64,11 @@ class ScaleRun:
     hosts: int
     start_s: float | None
     end_s: float | None
+    # Last container started (every host up) -> last rank in user code. One Docker engine
+    # starts containers one after another (about 0.25 s each here), which SageMaker's separate
+    # hosts do not; this part of the start is the same for any launcher, so it shows what the
+    # launcher itself adds. The floor's mpirun starts after every host is up: the same as start_s.
+    start_after_up_s: float | None = None
     master_peak_mib: float | None = None
     master_peak_processes: int | None = None
     worker_peak_mib: float | None = None
@@ -184,9 +189,9 @@ def longest_silence(master_log: str) -> float | None:
 
 
 def measure(space: Workspace, launcher: Launcher, hosts: int) -> ScaleRun:
-    cluster = make_cluster(
-        space, launcher, hosts, program=PROGRAM, program_args={"host_wait_timeout": "600"}
-    )
+    # Our entry point's own hyperparameter (the toolkit would pass it on to the program).
+    settings = {"host_wait_timeout": "600"} if launcher is Launcher.OURS else {}
+    cluster = make_cluster(space, launcher, hosts, program=PROGRAM, program_args=settings)
     samplers: tuple[PeakSampler, PeakSampler] | None = None
     try:
         samplers = _start_sampled(cluster)
@@ -194,7 +199,7 @@ def measure(space: Workspace, launcher: Launcher, hosts: int) -> ScaleRun:
             _wait_for_sshd_everywhere(cluster)
             run_floor_mpirun(cluster, ("python", PROGRAM), timeout=RUN_TIMEOUT_S)
             first = output_dir(cluster, cluster.hosts[0])
-            began = float((first / "launch-start").read_text())
+            began = all_up = float((first / "launch-start").read_text())
             ended = float((first / "launch-end").read_text())
         else:
             codes = cluster.wait(timeout=RUN_TIMEOUT_S)
@@ -205,6 +210,7 @@ def measure(space: Workspace, launcher: Launcher, hosts: int) -> ScaleRun:
                 )
             times = all_times(cluster).values()
             began = min(t.started for t in times if t.started is not None)
+            all_up = max(t.started for t in times if t.started is not None)
             ended = max(t.finished for t in times if t.finished is not None)
         ranks = read_rank_times(cluster)
         silence = longest_silence(cluster.logs(cluster.hosts[0]))
@@ -231,6 +237,7 @@ def measure(space: Workspace, launcher: Launcher, hosts: int) -> ScaleRun:
         launcher=launcher.value,
         hosts=hosts,
         start_s=max(r.entered for r in ranks) - began,
+        start_after_up_s=max(r.entered for r in ranks) - all_up,
         end_s=ended - max(r.left for r in ranks),
         master_peak_mib=master.peak_mib,
         master_peak_processes=master.peak_processes,
@@ -298,22 +305,23 @@ def _over(value: float | None, floor: float | None) -> float | None:
 
 
 def _growth_row(
-    ours: dict[int, ScaleRun], floor: dict[int, ScaleRun]
+    ours: dict[int, ScaleRun], floor: dict[int, ScaleRun], field: str, goal: str
 ) -> tuple[str, str, str, bool]:
-    """Start time from the smallest to the largest count both completed: ours must grow no
-    faster than the floor's own (a ratio of at most 1)."""
+    """`field` (a start time) from the smallest to the largest count both completed: ours
+    must grow no faster than the floor's own start time."""
     both = sorted(
         hosts
         for hosts in ours
-        if hosts in floor and ours[hosts].start_s is not None and floor[hosts].start_s is not None
+        if hosts in floor
+        and getattr(ours[hosts], field) is not None
+        and getattr(floor[hosts], field) is not None
     )
-    goal = "start time growth, fewest to most hosts"
-    target = "no faster than bare mpirun's"
+    target = "grows no faster than bare mpirun's"
     if len(both) < 2:
         return (goal, target, "-", False)
     low, high = both[0], both[-1]
-    ours_growth = ours[high].start_s - ours[low].start_s  # type: ignore[operator]
-    floor_growth = floor[high].start_s - floor[low].start_s  # type: ignore[operator]
+    ours_growth = getattr(ours[high], field) - getattr(ours[low], field)
+    floor_growth = getattr(floor[high], field) - getattr(floor[low], field)
     measured = f"{low}->{high} hosts: +{ours_growth:.1f} s vs mpirun +{floor_growth:.1f} s"
     return (goal, target, measured, ours_growth <= floor_growth)
 
@@ -340,7 +348,8 @@ def goals(runs: Sequence[ScaleRun], faults: Sequence[FaultRun]) -> list[tuple[st
             four is not None and four <= GOAL_START_OVER_FLOOR_S,
         )
     )
-    rows.append(_growth_row(ours, floor))
+    rows.append(_growth_row(ours, floor, "start_s", "start time (first container started)"))
+    rows.append(_growth_row(ours, floor, "start_after_up_s", "start time after every host is up"))
     ends = [_over(ours[h].end_s, floor[h].end_s) for h in ours if h in floor]
     worst_end = max((end for end in ends if end is not None), default=None)
     rows.append(
@@ -373,16 +382,17 @@ def to_markdown(runs: Sequence[ScaleRun], faults: Sequence[FaultRun], header: st
     floor = _by(runs, Launcher.MPIRUN)
     lines += [
         "",
-        "| Hosts | Launcher | Start (s) | End (s) | Start vs mpirun | End vs mpirun "
-        "| Master peak MiB | Master peak processes | Worker peak MiB | Longest silence (s) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| Hosts | Launcher | Start (s) | Start after all up (s) | End (s) | Start vs mpirun "
+        "| End vs mpirun | Master peak MiB | Master peak processes | Worker peak MiB "
+        "| Longest silence (s) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for run in sorted(runs, key=lambda r: (r.hosts, list(Launcher).index(Launcher(r.launcher)))):
         base = floor.get(run.hosts)
         if run.error:
             lines.append(
                 f"| {run.hosts} | {Launcher(run.launcher).label} | failed: "
-                f"{run.error[:120]} | | | | | | | |"
+                f"{run.error[:120]} | | | | | | | | |"
             )
             continue
         versus = [
@@ -393,6 +403,7 @@ def to_markdown(runs: Sequence[ScaleRun], faults: Sequence[FaultRun], header: st
         ]
         lines.append(
             f"| {run.hosts} | {Launcher(run.launcher).label} | {_s(run.start_s)} | "
+            f"{_s(run.start_after_up_s)} | "
             f"{_s(run.end_s)} | {versus[0]} | {versus[1]} | {_s(run.master_peak_mib, 0)} | "
             f"{run.master_peak_processes if run.master_peak_processes is not None else '-'} | "
             f"{_s(run.worker_peak_mib, 0)} | {_s(run.longest_silence_s, 1)} |"
@@ -412,11 +423,12 @@ def to_markdown(runs: Sequence[ScaleRun], faults: Sequence[FaultRun], header: st
 
 
 def plot(runs: Sequence[ScaleRun], path: Path) -> None:
-    figure, axes = plt.subplots(1, 2, figsize=(11, 4))
+    figure, axes = plt.subplots(1, 3, figsize=(15, 4))
     colors = {Launcher.OURS: "#1b9e77", Launcher.TOOLKIT: "#d95f02", Launcher.MPIRUN: "#7570b3"}
     for axis, field, title in (
         (axes[0], "start_s", "start: first container -> last rank in code"),
-        (axes[1], "end_s", "end: last rank left -> last container exit"),
+        (axes[1], "start_after_up_s", "start: last container -> last rank in code"),
+        (axes[2], "end_s", "end: last rank left -> last container exit"),
     ):
         for launcher in Launcher:
             points = sorted(

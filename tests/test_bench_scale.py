@@ -19,12 +19,19 @@ def _run(launcher: str, hosts: int, start: float | None, end: float | None, **mo
 
 RUNS = [
     _run(
-        "ours", 4, 4.5, 0.30, master_peak_mib=120.0, master_peak_processes=14, longest_silence_s=1.1
+        "ours",
+        4,
+        4.5,
+        0.30,
+        start_after_up_s=3.5,
+        master_peak_mib=120.0,
+        master_peak_processes=14,
+        longest_silence_s=1.1,
     ),
-    _run("mpirun", 4, 3.0, 0.10),
+    _run("mpirun", 4, 3.0, 0.10, start_after_up_s=3.0),
     _run("toolkit", 4, 9.0, 31.0),
-    _run("ours", 128, 60.0, 0.80),
-    _run("mpirun", 128, 50.0, 0.20),
+    _run("ours", 128, 60.0, 0.80, start_after_up_s=49.0),
+    _run("mpirun", 128, 50.0, 0.20, start_after_up_s=50.0),
     _run("toolkit", 128, None, None, error="TimeoutError: 900 s"),
 ]
 FAULTS = [
@@ -38,10 +45,16 @@ def test_goals_judge_each_target_from_the_runs() -> None:
         ("128 hosts complete", "yes", "up to 128 of 128", True),
         ("start overhead at 4 hosts", "<= 2 s over bare mpirun", "+1.50 s", True),
         (
-            "start time growth, fewest to most hosts",
-            "no faster than bare mpirun's",
+            "start time (first container started)",
+            "grows no faster than bare mpirun's",
             "4->128 hosts: +55.5 s vs mpirun +47.0 s",
             False,
+        ),
+        (
+            "start time after every host is up",
+            "grows no faster than bare mpirun's",
+            "4->128 hosts: +45.5 s vs mpirun +47.0 s",
+            True,
         ),
         ("end overhead", "<= 1 s over bare mpirun at every count", "max +0.60 s", True),
         ("worker killed: every host down", "<= 10 s", "2.50 s", True),
@@ -56,7 +69,8 @@ def test_a_failed_count_or_fault_misses_its_goal() -> None:
     assert rows == {
         "128 hosts complete": False,
         "start overhead at 4 hosts": False,
-        "start time growth, fewest to most hosts": False,
+        "start time (first container started)": False,
+        "start time after every host is up": False,
         "end overhead": False,
         "worker killed: every host down": False,
         "worker cut off: every host down": False,
@@ -67,13 +81,16 @@ def test_table_rows_compare_with_the_floor_and_keep_errors() -> None:
     text = to_markdown(RUNS, FAULTS, "Measured now.")
     lines = text.splitlines()
     assert lines[0] == "Measured now."
-    assert "| 4 | our entry point | 4.50 | 0.30 | +1.50 s | +0.20 s | 120 | 14 | - | 1.1 |" in lines
-    assert "| 4 | bare mpirun (floor) | 3.00 | 0.10 | - | - | - | - | - | - |" in lines
+    assert (
+        "| 4 | our entry point | 4.50 | 3.50 | 0.30 | +1.50 s | +0.20 s | 120 | 14 | - | 1.1 |"
+        in lines
+    )
+    assert "| 4 | bare mpirun (floor) | 3.00 | 3.00 | 0.10 | - | - | - | - | - | - |" in lines
     assert any(
         line.startswith("| 128 | sagemaker-training MPI runner | failed: Timeout") for line in lines
     )
     assert "| worker killed | 64 | 2.50 | 63 | host algo-2 was lost |" in lines
-    assert "| start time growth, fewest to most hosts | no faster than bare mpirun's | " in text
+    assert "| start time after every host is up | grows no faster than bare mpirun's | " in text
     assert text.endswith("\n")
 
 
