@@ -74,8 +74,10 @@ def make_cluster(
     program: str = "timed.py",
     program_args: Mapping[str, str] | None = None,
     image: str | None = None,
+    extra_env: Mapping[str, str] | None = None,
 ) -> Cluster:
-    """A cluster (network and /opt/ml trees created, nothing started) for `launcher`."""
+    """A cluster (network and /opt/ml trees created, nothing started) for `launcher`;
+    `extra_env` goes to every container, whatever the launcher."""
     hyperparameters = program_hyperparameters(launcher, program) | dict(program_args or {})
     env: dict[str, str] = {}
     if launcher is Launcher.TOOLKIT:
@@ -92,7 +94,7 @@ def make_cluster(
         code_dir=space.code_dir,
         prefix=prefix,
         # Unaffected by the PATH the stand-in needs: our entry point never sees BENCH_MODE.
-        env=env,
+        env={**env, **(extra_env or {})},
     )
 
 

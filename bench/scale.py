@@ -36,7 +36,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from bench.containers import RUN_ERRORS, docker_exec, poll
+from bench.containers import RUN_ERRORS, docker_exec, parse_docker_time, poll
 from bench.launchers import Launcher, make_cluster, output_dir, run_floor_mpirun
 from bench.machine import commit
 from bench.overhead import all_times, read_rank_times
@@ -47,7 +47,12 @@ log = logging.getLogger("bench.scale")
 
 PROGRAM = "timed_mpi.py"
 DEFAULT_HOSTS = (4, 8, 16, 32, 64, 100, 128)
-RUN_TIMEOUT_S = 900.0
+RUN_TIMEOUT_S = 600.0
+# Up to 128 hosts on the cores of one machine: ranks waiting in MPI yield the CPU instead of
+# spinning (separate hosts would not need it), for every launcher alike. Without it, 100
+# spinning ranks on 2 cores starve the others' TCP connects and the job hangs
+# (open-mpi/ompi#11508: "timeouts outside OMPI control" on an overwhelmed node).
+SHARED_CORES_ENV = {"OMPI_MCA_mpi_yield_when_idle": "1"}
 FAULT_TIMEOUT_S = 120.0
 SAMPLE_INTERVAL_S = 0.25
 MIB = 1 << 20
@@ -72,6 +77,12 @@ class ScaleRun:
     master_peak_mib: float | None = None
     master_peak_processes: int | None = None
     worker_peak_mib: float | None = None
+    # Last rank left -> the last entry point logged its exit (ours only): the end without the
+    # engine's own teardown of N containers, which one Docker engine does one after another.
+    end_logged_s: float | None = None
+    # CPU time used by the whole container (cgroup cpuacct) over the job: what one host costs.
+    master_cpu_s: float | None = None
+    worker_cpu_s: float | None = None
     # The master's "longest silence of a live worker" (heartbeats are 1 s apart; a worker is
     # lost after 20 s): how close a busy cluster comes to a false "lost".
     longest_silence_s: float | None = None
@@ -105,6 +116,11 @@ def _cgroup_files(container_id: str) -> dict[str, Path]:
             v1 / "pids" / "docker" / container_id / "pids.current",
             v1 / "system.slice" / f"docker-{container_id}.scope" / "pids.current",
         ],
+        # nanoseconds (v1); v2's cpu.stat starts with usage_usec, read by _read_cpu_ns
+        "cpu": [
+            v1 / "cpuacct" / "docker" / container_id / "cpuacct.usage",
+            v1 / "system.slice" / f"docker-{container_id}.scope" / "cpu.stat",
+        ],
     }
     return {
         name: next((path for path in paths if path.exists()), paths[0])
@@ -123,6 +139,7 @@ class PeakSampler:
         self._files = _cgroup_files(container_id)
         self.peak_bytes: int | None = None
         self.peak_processes: int | None = None
+        self.cpu_ns: int | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -133,9 +150,19 @@ class PeakSampler:
         except (OSError, ValueError, IndexError):
             return None
 
+    def _read_cpu_ns(self) -> int | None:
+        try:
+            fields = self._files["cpu"].read_text().split()
+        except OSError:
+            return None
+        if fields[:1] == ["usage_usec"]:
+            return int(fields[1]) * 1000
+        return int(fields[0]) if fields else None
+
     def _run(self) -> None:
         while not self._stop.is_set():
             memory, processes = self._read("memory_peak"), self._read("pids")
+            self.cpu_ns = self._read_cpu_ns() or self.cpu_ns
             if memory is not None:
                 self.peak_bytes = max(self.peak_bytes or 0, memory)
             if processes is not None:
@@ -149,6 +176,10 @@ class PeakSampler:
     @property
     def peak_mib(self) -> float | None:
         return None if self.peak_bytes is None else self.peak_bytes / MIB
+
+    @property
+    def cpu_s(self) -> float | None:
+        return None if self.cpu_ns is None else self.cpu_ns / 1e9
 
 
 # --------------------------------------------------------------------------------------------
@@ -179,6 +210,29 @@ def _wait_for_sshd_everywhere(cluster: Cluster) -> None:
     )
 
 
+_EXIT_LINE = "entrypoint: exiting with code"
+
+
+def exit_logged_at(docker_log: str) -> float | None:
+    """When the entry point logged its last line, from `docker logs --timestamps` output."""
+    for line in reversed(docker_log.splitlines()):
+        if _EXIT_LINE in line:
+            return parse_docker_time(line.split(" ", 1)[0])
+    return None
+
+
+def _last_exit_logged(cluster: Cluster) -> float | None:
+    times = [
+        exit_logged_at(
+            docker_command(
+                cluster.docker, "logs", "--timestamps", "--tail", "5", cluster.container(host)
+            ).stdout
+        )
+        for host in cluster.hosts
+    ]
+    return None if None in times else max(times)  # type: ignore[type-var]
+
+
 _LONGEST_SILENCE = re.compile(r"longest silence of a live worker: ([0-9.]+) s")
 
 
@@ -191,7 +245,9 @@ def longest_silence(master_log: str) -> float | None:
 def measure(space: Workspace, launcher: Launcher, hosts: int) -> ScaleRun:
     # Our entry point's own hyperparameter (the toolkit would pass it on to the program).
     settings = {"host_wait_timeout": "600"} if launcher is Launcher.OURS else {}
-    cluster = make_cluster(space, launcher, hosts, program=PROGRAM, program_args=settings)
+    cluster = make_cluster(
+        space, launcher, hosts, program=PROGRAM, program_args=settings, extra_env=SHARED_CORES_ENV
+    )
     samplers: tuple[PeakSampler, PeakSampler] | None = None
     try:
         samplers = _start_sampled(cluster)
@@ -214,6 +270,7 @@ def measure(space: Workspace, launcher: Launcher, hosts: int) -> ScaleRun:
             ended = max(t.finished for t in times if t.finished is not None)
         ranks = read_rank_times(cluster)
         silence = longest_silence(cluster.logs(cluster.hosts[0]))
+        exits_logged = _last_exit_logged(cluster) if launcher is Launcher.OURS else None
         if len(ranks) != hosts:
             raise RuntimeError(f"{len(ranks)} of {hosts} ranks wrote their times")
     except RUN_ERRORS as error:
@@ -242,6 +299,9 @@ def measure(space: Workspace, launcher: Launcher, hosts: int) -> ScaleRun:
         master_peak_mib=master.peak_mib,
         master_peak_processes=master.peak_processes,
         worker_peak_mib=worker.peak_mib,
+        end_logged_s=_over(exits_logged, max(r.left for r in ranks)),
+        master_cpu_s=master.cpu_s,
+        worker_cpu_s=worker.cpu_s,
         longest_silence_s=silence if launcher is Launcher.OURS else None,
     )
     log.info("%s", run)
@@ -261,6 +321,7 @@ def measure_fault(space: Workspace, hosts: int, kind: str) -> FaultRun:
         hosts,
         program=PROGRAM,
         program_args={"seconds": "900", "host_wait_timeout": "600"},
+        extra_env=SHARED_CORES_ENV,
     )
     others = [host for host in cluster.hosts if host != victim]
     try:
@@ -350,16 +411,20 @@ def goals(runs: Sequence[ScaleRun], faults: Sequence[FaultRun]) -> list[tuple[st
     )
     rows.append(_growth_row(ours, floor, "start_s", "start time (first container started)"))
     rows.append(_growth_row(ours, floor, "start_after_up_s", "start time after every host is up"))
-    ends = [_over(ours[h].end_s, floor[h].end_s) for h in ours if h in floor]
-    worst_end = max((end for end in ends if end is not None), default=None)
-    rows.append(
-        (
-            "end overhead",
-            f"<= {GOAL_END_OVER_FLOOR_S:.0f} s over bare mpirun at every count",
-            f"max +{_s(worst_end)} s",
-            worst_end is not None and worst_end <= GOAL_END_OVER_FLOOR_S,
+    for field, goal in (
+        ("end_s", "end overhead (last container exited)"),
+        ("end_logged_s", "end overhead (last entry point logged its exit)"),
+    ):
+        ends = [_over(getattr(ours[h], field), floor[h].end_s) for h in ours if h in floor]
+        worst_end = max((end for end in ends if end is not None), default=None)
+        rows.append(
+            (
+                goal,
+                f"<= {GOAL_END_OVER_FLOOR_S:.0f} s over bare mpirun at every count",
+                f"max +{_s(worst_end)} s",
+                worst_end is not None and worst_end <= GOAL_END_OVER_FLOOR_S,
+            )
         )
-    )
     for kind, bound in (("kill", GOAL_KILL_S), ("cut", GOAL_CUT_S)):
         done = [f.down_s for f in faults if f.kind == kind]
         worst = max((d for d in done if d is not None), default=None)
@@ -380,20 +445,18 @@ def to_markdown(runs: Sequence[ScaleRun], faults: Sequence[FaultRun], header: st
     for goal, target, measured, met in goals(runs, faults):
         lines.append(f"| {goal} | {target} | {measured} | {'yes' if met else '**no**'} |")
     floor = _by(runs, Launcher.MPIRUN)
+    ordered = sorted(runs, key=lambda r: (r.hosts, list(Launcher).index(Launcher(r.launcher))))
     lines += [
         "",
-        "| Hosts | Launcher | Start (s) | Start after all up (s) | End (s) | Start vs mpirun "
-        "| End vs mpirun | Master peak MiB | Master peak processes | Worker peak MiB "
-        "| Longest silence (s) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| Hosts | Launcher | Start (s) | Start after all up (s) | End (s) "
+        "| End, exit logged (s) | Start vs mpirun | End vs mpirun |",
+        "|---|---|---|---|---|---|---|---|",
     ]
-    for run in sorted(runs, key=lambda r: (r.hosts, list(Launcher).index(Launcher(r.launcher)))):
+    for run in ordered:
         base = floor.get(run.hosts)
+        label = Launcher(run.launcher).label
         if run.error:
-            lines.append(
-                f"| {run.hosts} | {Launcher(run.launcher).label} | failed: "
-                f"{run.error[:120]} | | | | | | | | |"
-            )
+            lines.append(f"| {run.hosts} | {label} | failed: {run.error[:120]} | | | | | |")
             continue
         versus = [
             "-"
@@ -402,11 +465,22 @@ def to_markdown(runs: Sequence[ScaleRun], faults: Sequence[FaultRun], header: st
             for value, field in ((run.start_s, "start_s"), (run.end_s, "end_s"))
         ]
         lines.append(
-            f"| {run.hosts} | {Launcher(run.launcher).label} | {_s(run.start_s)} | "
-            f"{_s(run.start_after_up_s)} | "
-            f"{_s(run.end_s)} | {versus[0]} | {versus[1]} | {_s(run.master_peak_mib, 0)} | "
-            f"{run.master_peak_processes if run.master_peak_processes is not None else '-'} | "
-            f"{_s(run.worker_peak_mib, 0)} | {_s(run.longest_silence_s, 1)} |"
+            f"| {run.hosts} | {label} | {_s(run.start_s)} | {_s(run.start_after_up_s)} | "
+            f"{_s(run.end_s)} | {_s(run.end_logged_s)} | {versus[0]} | {versus[1]} |"
+        )
+    lines += [
+        "",
+        "| Hosts | Launcher | Master peak MiB | Master peak processes | Master CPU (s) "
+        "| Worker peak MiB | Worker CPU (s) | Longest silence (s) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for run in (run for run in ordered if not run.error):
+        processes = run.master_peak_processes
+        lines.append(
+            f"| {run.hosts} | {Launcher(run.launcher).label} | {_s(run.master_peak_mib, 0)} | "
+            f"{processes if processes is not None else '-'} | {_s(run.master_cpu_s, 1)} | "
+            f"{_s(run.worker_peak_mib, 0)} | {_s(run.worker_cpu_s, 1)} | "
+            f"{_s(run.longest_silence_s, 1)} |"
         )
     lines += [
         "",

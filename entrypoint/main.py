@@ -269,6 +269,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     env = dict(os.environ)
     paths = ContractPaths(Path(env.get("SM_HVD_ML_ROOT", "/opt/ml")))
     configure_logging(env.get("SM_CURRENT_HOST", "?"), "starting")
+    code = _run_reporting_failures(env, paths)
+    # The last line of every host's log: when this host was done, and with what.
+    log.info("exiting with code %d", code)
+    return code
+
+
+def _run_reporting_failures(env: Mapping[str, str], paths: ContractPaths) -> int:
     try:
         return run(env, paths)
     except ContractError as error:
