@@ -79,6 +79,9 @@ class ChannelTiming:
 
     heartbeat_interval_s: float = 1.0
     lost_after_s: float = 20.0
+    # How long either side waits for the other's first frame before it drops (master) or
+    # retries (worker, until its arrival deadline) the connection.
+    hello_timeout_s: float = HELLO_TIMEOUT_S
 
 
 class _LoopThread:
@@ -293,7 +296,7 @@ class MasterChannel:
         try:
             nonce = os.urandom(NONCE_BYTES)
             writer.write(challenge_frame(nonce))
-            body = await asyncio.wait_for(_read_body(reader), HELLO_TIMEOUT_S)
+            body = await asyncio.wait_for(_read_body(reader), self._timing.hello_timeout_s)
             hello, key = parse_hello(self._job_key, nonce, body)
             peer = self._admit(hello, key, writer, address)
             if peer is None:
@@ -313,7 +316,7 @@ class MasterChannel:
             if peer is not None:
                 self._lose(peer.host, f"sent an invalid frame ({error})", peer)
         except TimeoutError:
-            log.warning("dropping %s: no Hello within %.0f s", address, HELLO_TIMEOUT_S)
+            log.warning("dropping %s: no Hello within %g s", address, self._timing.hello_timeout_s)
         except Exception as error:  # a bug here must fail the job, not hang it
             log.exception("serving %s failed", address)
             if peer is not None:
@@ -498,10 +501,38 @@ class WorkerChannel:
                     ) from None
             await asyncio.sleep(RETRY_INTERVAL_S)
 
+    async def _open_session(self, address: str) -> tuple[asyncio.StreamReader, FrameReader]:
+        """Connect and authenticate, again and again until the master-arrival deadline: a
+        master whose host is overloaded (100 containers starting on two cores) may accept the
+        TCP connection in the kernel yet answer only seconds later, and a worker that gave up
+        on the first slow answer would fail a healthy job."""
+        while True:
+            reader, writer = await self._connect(address)
+            try:
+                return reader, await self._handshake(reader, writer)
+            except (TimeoutError, asyncio.IncompleteReadError, ConnectionError) as error:
+                writer.close()
+                why = (
+                    f"no challenge within {self._timing.hello_timeout_s:g} s"
+                    if isinstance(error, TimeoutError)
+                    else f"the connection closed ({type(error).__name__})"
+                )
+                if time.monotonic() >= self._deadline:
+                    raise ConnectionError(
+                        f"master {self._master} ({address}:{self._port}) accepted but never "
+                        f"completed the handshake: {why}"
+                    ) from None
+                log.warning("master %s: %s; connecting again", self._master, why)
+            await asyncio.sleep(RETRY_INTERVAL_S)
+
     async def _handshake(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> FrameReader:
-        master_nonce = parse_challenge(await asyncio.wait_for(_read_body(reader), HELLO_TIMEOUT_S))
+        self._writer = writer
+        _disable_nagle(writer.get_extra_info("socket"))
+        master_nonce = parse_challenge(
+            await asyncio.wait_for(_read_body(reader), self._timing.hello_timeout_s)
+        )
         worker_nonce = os.urandom(NONCE_BYTES)
         key = session_key(self._job_key, master_nonce, worker_nonce)
         writer.write(hello_frame(key, worker_nonce, Hello(self._host)))
@@ -518,11 +549,8 @@ class WorkerChannel:
     async def _converse(self) -> None:
         try:
             address = await self._resolve()
-            reader, writer = await self._connect(address)
-            self._writer = writer
-            _disable_nagle(writer.get_extra_info("socket"))
-            frames = await self._handshake(reader, writer)
-        except (ConnectionError, TimeoutError, asyncio.IncompleteReadError, ProtocolError) as error:
+            reader, frames = await self._open_session(address)
+        except (ConnectionError, ProtocolError) as error:
             self._fail(f"could not reach master {self._master}: {error}")
             return
         with self._lock:

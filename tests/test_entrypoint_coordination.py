@@ -27,7 +27,7 @@ from entrypoint.protocol import (
 pytestmark = pytest.mark.timeout(60)
 
 JOB_KEY = derive_job_key(b"job secret")
-FAST = ChannelTiming(heartbeat_interval_s=0.1, lost_after_s=1.0)
+FAST = ChannelTiming(heartbeat_interval_s=0.1, lost_after_s=1.0, hello_timeout_s=0.5)
 WORKERS = ("algo-2", "algo-3")
 
 
@@ -214,19 +214,47 @@ def test_a_worker_that_never_reaches_its_master_gives_up_at_the_deadline():
         worker.close()
 
 
-def test_a_silent_master_is_lost_after_the_bound():
-    """A listener that completes TCP but never speaks: the worker gives up, it does not hang."""
+def test_a_silent_master_is_given_up_at_the_deadline():
+    """A listener that completes TCP but never speaks: the worker retries, then gives up at its
+    deadline, naming why; it does not hang."""
     server = socket.create_server(("127.0.0.1", 0))
     with server:
+        started = time.monotonic()
         worker = WorkerChannel(
             job_key=JOB_KEY, host="algo-2", master="localhost",
-            deadline=time.monotonic() + 30, port=server.getsockname()[1], timing=FAST,
+            deadline=time.monotonic() + 2, port=server.getsockname()[1], timing=FAST,
         )  # fmt: skip
         try:
             until(lambda: worker.lost, timeout=15)
-            assert worker.lost.startswith("could not reach master localhost")
+            assert 2 <= time.monotonic() - started < 5
+            assert worker.lost.startswith("could not reach master localhost: master localhost (")
+            assert worker.lost.endswith("never completed the handshake: no challenge within 0.5 s")
         finally:
             worker.close()
+
+
+def test_a_master_that_answers_late_is_reached_on_a_later_attempt():
+    """An overloaded master: the kernel accepts the connection, the program answers only after
+    the worker's first handshake timed out. The worker connects again and gets in."""
+    stalled = socket.create_server(("127.0.0.1", 0), backlog=8)
+    port = stalled.getsockname()[1]
+    worker = WorkerChannel(
+        job_key=JOB_KEY, host="algo-2", master="localhost",
+        deadline=time.monotonic() + 20, port=port, timing=FAST,
+    )  # fmt: skip
+    try:
+        time.sleep(1.5)  # three handshake timeouts of 0.5 s: never accepted, never answered
+        assert worker.lost is None and not worker.connected
+        stalled.close()
+        master = MasterChannel(job_key=JOB_KEY, workers=WORKERS, port=port, timing=FAST)
+        try:
+            until(lambda: worker.connected, timeout=10)
+            assert master.connected() == frozenset({"algo-2"})
+            assert worker.lost is None
+        finally:
+            master.close()
+    finally:
+        worker.close()
 
 
 def test_a_master_name_that_never_resolves_gives_up_at_the_deadline():
