@@ -196,7 +196,7 @@ def _start_sampled(cluster: Cluster) -> tuple[PeakSampler, PeakSampler]:
     )
 
 
-def _wait_for_sshd_everywhere(cluster: Cluster) -> None:
+def _wait_for_sshd_everywhere(cluster: Cluster, timeout_s: float) -> None:
     """The floor's containers: every worker accepts ssh from the first host (one exec)."""
     hosts = " ".join(cluster.hosts[1:])
     script = f"for h in {hosts}; do until ssh $h true 2>/dev/null; do sleep 0.2; done; done"
@@ -206,7 +206,7 @@ def _wait_for_sshd_everywhere(cluster: Cluster) -> None:
         "sh",
         "-c",
         script,
-        timeout=RUN_TIMEOUT_S,
+        timeout=timeout_s,
     )
 
 
@@ -242,7 +242,9 @@ def longest_silence(master_log: str) -> float | None:
     return float(found.group(1)) if found else None
 
 
-def measure(space: Workspace, launcher: Launcher, hosts: int) -> ScaleRun:
+def measure(
+    space: Workspace, launcher: Launcher, hosts: int, timeout_s: float = RUN_TIMEOUT_S
+) -> ScaleRun:
     # Our entry point's own hyperparameter (the toolkit would pass it on to the program).
     settings = {"host_wait_timeout": "600"} if launcher is Launcher.OURS else {}
     cluster = make_cluster(
@@ -252,13 +254,13 @@ def measure(space: Workspace, launcher: Launcher, hosts: int) -> ScaleRun:
     try:
         samplers = _start_sampled(cluster)
         if launcher is Launcher.MPIRUN:
-            _wait_for_sshd_everywhere(cluster)
-            run_floor_mpirun(cluster, ("python", PROGRAM), timeout=RUN_TIMEOUT_S)
+            _wait_for_sshd_everywhere(cluster, timeout_s)
+            run_floor_mpirun(cluster, ("python", PROGRAM), timeout=timeout_s)
             first = output_dir(cluster, cluster.hosts[0])
             began = all_up = float((first / "launch-start").read_text())
             ended = float((first / "launch-end").read_text())
         else:
-            codes = cluster.wait(timeout=RUN_TIMEOUT_S)
+            codes = cluster.wait(timeout=timeout_s)
             if any(codes.values()):
                 bad = {host: code for host, code in codes.items() if code}
                 raise RuntimeError(
@@ -535,7 +537,11 @@ def plot(runs: Sequence[ScaleRun], path: Path) -> None:
 
 
 def run_all(
-    space: Workspace, counts: Sequence[int], fault_hosts: int | None, launchers: Sequence[Launcher]
+    space: Workspace,
+    counts: Sequence[int],
+    fault_hosts: int | None,
+    launchers: Sequence[Launcher],
+    timeout_s: float = RUN_TIMEOUT_S,
 ) -> tuple[list[ScaleRun], list[FaultRun]]:
     runs: list[ScaleRun] = []
     gave_up: set[Launcher] = set()
@@ -543,7 +549,7 @@ def run_all(
         for launcher in launchers:
             if launcher in gave_up:
                 continue
-            run = measure(space, launcher, hosts)
+            run = measure(space, launcher, hosts, timeout_s)
             runs.append(run)
             if run.error and launcher is Launcher.TOOLKIT:
                 gave_up.add(launcher)  # larger counts would only take longer to fail
@@ -570,6 +576,19 @@ def scale_from_json(text: str) -> tuple[list[ScaleRun], list[FaultRun], str]:
         for fault in document["faults"]
     ]
     return runs, faults, document["header"]
+
+
+def merged(
+    earlier: tuple[list[ScaleRun], list[FaultRun], str],
+    later: tuple[list[ScaleRun], list[FaultRun], str],
+) -> tuple[list[ScaleRun], list[FaultRun], str]:
+    """`later`'s cells over `earlier`'s (a cell: launcher and host count, or fault kind and
+    host count); both headers kept, as the cells come from two invocations."""
+    runs = {(run.launcher, run.hosts): run for run in earlier[0]}
+    runs.update({(run.launcher, run.hosts): run for run in later[0]})
+    faults = {(fault.kind, fault.hosts): fault for fault in earlier[1]}
+    faults.update({(fault.kind, fault.hosts): fault for fault in later[1]})
+    return list(runs.values()), list(faults.values()), f"{earlier[2]} Then: {later[2]}"
 
 
 def _write_atomically(path: Path, text: str) -> None:
@@ -600,7 +619,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
     parser.add_argument("--hosts", default=",".join(map(str, DEFAULT_HOSTS)))
     parser.add_argument("--fault-hosts", type=int, default=64, help="0: no fault runs")
-    parser.add_argument("--no-toolkit", action="store_true")
+    parser.add_argument(
+        "--launchers",
+        default=",".join(launcher.value for launcher in Launcher),
+        help="comma-separated, of: " + ", ".join(launcher.value for launcher in Launcher),
+    )
+    parser.add_argument("--timeout", type=float, default=RUN_TIMEOUT_S, help="per run, seconds")
+    parser.add_argument(
+        "--merge", action="store_true", help="merge into OUT/scale.json instead of replacing it"
+    )
     parser.add_argument(
         "--render", action="store_true", help="only re-render OUT/scale.{md,png} from scale.json"
     )
@@ -610,16 +637,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(write_scale_report(runs, faults, header, args.out))
         return 0
     counts = [int(count) for count in args.hosts.split(",")]
-    launchers = [each for each in Launcher if not (args.no_toolkit and each is Launcher.TOOLKIT)]
+    launchers = [Launcher(name) for name in args.launchers.split(",")]
     started = time.monotonic()
     with workspace(args.docker, args.image) as space:
-        runs, faults = run_all(space, counts, args.fault_hosts, launchers)
+        runs, faults = run_all(space, counts, args.fault_hosts, launchers, args.timeout)
     minutes = (time.monotonic() - started) / 60
     header = (
         f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} by "
         f"`python -m bench.scale` (one run per cell; the whole run took {minutes:.1f} min) "
         f"at commit `{commit()}`, {os.cpu_count()} cores."
     )
+    if args.merge and (args.out / "scale.json").is_file():
+        earlier = scale_from_json((args.out / "scale.json").read_text())
+        runs, faults, header = merged(earlier, (runs, faults, header))
     print(write_scale_report(runs, faults, header, args.out))
     return 0
 

@@ -8,6 +8,7 @@ from bench.scale import (
     exit_logged_at,
     goals,
     longest_silence,
+    merged,
     scale_from_json,
     scale_to_json,
     to_markdown,
@@ -132,3 +133,13 @@ def test_exit_time_is_the_docker_timestamp_of_the_entry_points_last_line() -> No
     )
     assert exit_logged_at(log) == 1795327392.201
     assert exit_logged_at("2026-11-22T06:03:12.1Z no exit line\n") is None
+
+
+def test_merged_takes_the_later_cells_and_keeps_both_headers() -> None:
+    later_run = _run("ours", 128, 70.0, 1.0)
+    later_fault = FaultRun("kill", 64, 3.0, 63)
+    runs, faults, header = merged((RUNS, FAULTS, "First."), ([later_run], [later_fault], "Second."))
+    assert len(runs) == len(RUNS)
+    assert [run for run in runs if (run.launcher, run.hosts) == ("ours", 128)] == [later_run]
+    assert faults == [later_fault, FAULTS[1]]
+    assert header == "First. Then: Second."
