@@ -267,3 +267,29 @@ def test_without_a_chief_every_task_must_end():
     part = TaskGroupPart([_task("pass", "worker:0")], chief=None)
     part.start()
     assert _wait(part) == 0
+
+
+# --------------------------------------------------------------------------------------------
+# The built-in model's choice of backend (pure: no TensorFlow imported)
+
+
+@pytest.mark.parametrize(
+    ("env", "module"),
+    [
+        ({}, "model.collective"),
+        ({BACKEND_ENV: "multi_worker_mirrored"}, "model.strategy"),
+        ({BACKEND_ENV: "per_host"}, "model.collective"),
+    ],
+)
+def test_the_model_follows_the_entry_points_backend(env, module):
+    from model.backend import module_name  # noqa: PLC0415
+
+    assert module_name(env) == module
+
+
+def test_the_entry_point_tells_the_model_its_backend():
+    from model.backend import backend_name  # noqa: PLC0415
+
+    plan = make_plan(parse({MWMS: "true"}), gpu_count=0)
+    env = task_environment({}, plan, host_tasks(plan)[0])
+    assert backend_name(env) == "multi_worker_mirrored"
