@@ -42,6 +42,11 @@ def local_size() -> int:
     return int(hvd.local_size())
 
 
+def replicas_per_rank() -> int:
+    """Model replicas one rank trains: one per Horovod rank."""
+    return 1
+
+
 def sum_across_ranks(values: list[float], name: str) -> list[float]:
     total = hvd_tf.allreduce(tf.constant(values, tf.float64), op=hvd_tf.Sum, name=name)
     return [float(value) for value in total.numpy()]

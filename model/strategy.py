@@ -67,6 +67,11 @@ def _local_replicas() -> int:
     return len(_strategy().extended.worker_devices)
 
 
+def replicas_per_rank() -> int:
+    """Model replicas one worker trains: one per local device (GPU), else one."""
+    return _local_replicas()
+
+
 def _once_per_worker(value: tf.Tensor) -> tf.Tensor:
     """`value` on each worker's first replica, zeros on its others."""
     context = tf.distribute.get_replica_context()

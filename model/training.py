@@ -513,12 +513,16 @@ class _Run:
         self.rank, self.ranks = collective.rank(), collective.size()
         self.channels, self.class_names = _open_channels(params, paths, self.rank, self.ranks, host)
         self.train = self.channels["train"]
+        # Models trained in step: one per Horovod rank; under a strategy, one per device of
+        # every worker (each takes its own batch of the worker's share every step).
+        per_rank = collective.replicas_per_rank()
+        self.replicas = self.ranks * per_rank
         # Every step is a collective: as many per epoch on every rank, enough for the
         # smallest share to be read once.
         smallest = collective.min_across_ranks(self.train.reader.expected, name="train_share_steps")
-        self.steps = max(1, math.ceil(smallest / params.batch_size))
+        self.steps = max(1, math.ceil(smallest / (params.batch_size * per_rank)))
         self.schedule = LearningRateSchedule(
-            params.learning_rate, self.ranks, params.warmup_epochs, params.epochs
+            params.learning_rate, self.replicas, params.warmup_epochs, params.epochs
         )
         with collective.scope():
             self.model, self.optimizer = _build_model(
@@ -576,7 +580,7 @@ class _Run:
                 "training %s on %d rank(s): epochs=%d (done %d) steps_per_epoch=%d "
                 "batch_size=%d per rank, peak_learning_rate=%g",
                 self.params.model,
-                self.ranks,
+                self.replicas,
                 self.params.epochs,
                 completed,
                 self.steps,
@@ -636,7 +640,7 @@ class _Run:
 
     def end_epoch(self, epochs_done: int, history: Mapping[str, list], seconds: float) -> None:
         metrics = {name: float(values[-1]) for name, values in history.items()}
-        metrics["images_per_sec"] = self.steps * self.params.batch_size * self.ranks / seconds
+        metrics["images_per_sec"] = self.steps * self.params.batch_size * self.replicas / seconds
         if "validation" in self.channels:
             validation = self.evaluate(self.channels["validation"], "validation")
             metrics["val_loss"] = validation["loss"]
