@@ -23,12 +23,20 @@ PS = {"sagemaker_parameter_server_enabled": "true", "host_wait_timeout": "60"}
 FAIL_FAST_S = 10.0
 
 
+def wait(cluster, timeout: float, hosts=None) -> dict[str, int]:
+    """cluster.wait, with every host's log in the message if a host is still running."""
+    try:
+        return cluster.wait(timeout=timeout, hosts=hosts)
+    except TimeoutError as error:
+        raise AssertionError(f"{error}\n{cluster.describe()}") from None
+
+
 def test_user_mwms_script_on_two_hosts(make_cluster):
     cluster = make_cluster(
         2, hyperparameters={**MWMS, "sagemaker_program": "mwms_keras.py"}, code_dir=PROGRAMS
     )
     cluster.start()
-    codes = cluster.wait(timeout=240)
+    codes = wait(cluster, 240)
     assert codes == {"algo-1": 0, "algo-2": 0}, cluster.describe()
     for index, host in enumerate(cluster.hosts):
         assert f"MWMS_DONE worker={index} workers=2 host={host}" in cluster.logs(host)
@@ -46,7 +54,7 @@ def test_user_ps_script_ends_when_the_chief_ends(make_cluster, host_count):
     )
     cluster.start()
     # No hang on server.join(): the entry points stop the servers once the chief ended.
-    codes = cluster.wait(timeout=180)
+    codes = wait(cluster, 180)
     assert codes == dict.fromkeys(cluster.hosts, 0), cluster.describe()
     master = cluster.logs("algo-1")
     assert f"[chief:0] PS_DONE total=20 workers={host_count}" in master, master
@@ -68,7 +76,7 @@ def test_a_ps_task_failing_fails_every_host_naming_it(make_cluster):
         code_dir=PROGRAMS,
     )
     cluster.start()
-    codes = cluster.wait(timeout=180)
+    codes = wait(cluster, 180)
     assert codes == {"algo-1": 1, "algo-2": 1}, cluster.describe()
     for host in cluster.hosts:
         failure = cluster.failure(host)
@@ -81,7 +89,7 @@ def test_ps_on_one_host_is_one_line(make_cluster):
         1, hyperparameters={**PS, "sagemaker_program": "ps_coordinator.py"}, code_dir=PROGRAMS
     )
     cluster.start()
-    assert cluster.wait(timeout=60) == {"algo-1": 1}, cluster.describe()
+    assert wait(cluster, 60) == {"algo-1": 1}, cluster.describe()
     assert cluster.failure("algo-1") == (
         "BadInput: /opt/ml/input/config/hyperparameters.json: "
         "sagemaker_parameter_server_enabled=true needs at least 2 hosts (got 1): use "
@@ -101,7 +109,7 @@ def _kill_mid_run(make_cluster, victim: str):
     killed_at = time.time()
     cluster.kill(victim)
     survivor = next(host for host in cluster.hosts if host != victim)
-    codes = cluster.wait(timeout=60, hosts=[survivor])
+    codes = wait(cluster, 60, hosts=[survivor])
     assert codes[survivor] != 0, cluster.describe()
     assert cluster.exit_time(survivor) - killed_at < FAIL_FAST_S, cluster.describe()
     return cluster, survivor
@@ -124,7 +132,7 @@ def _builtin_mwms(**extra: str) -> dict[str, str]:
 def test_builtin_model_trains_and_exports_under_mwms(make_cluster, digits_dir):
     cluster = make_cluster(2, hyperparameters=_builtin_mwms(), channels=digits_dir)
     cluster.start()
-    codes = cluster.wait(timeout=280)
+    codes = wait(cluster, 280)
     assert codes == {"algo-1": 0, "algo-2": 0}, cluster.describe()
     master = cluster.logs("algo-1")
     assert "backend multi_worker_mirrored" in master, master
@@ -146,7 +154,7 @@ def test_builtin_model_sigterm_checkpoints_and_exits_143(make_cluster, digits_di
     cluster.start()
     cluster.wait_for_log("algo-1", "epoch=1 ", timeout=200)
     stoppers = cluster.stop(cluster.hosts, timeout=90)
-    codes = cluster.wait(timeout=120)
+    codes = wait(cluster, 120)
     for stopper in stoppers:
         stopper.wait(30)
     assert codes == {"algo-1": 143, "algo-2": 143}, cluster.describe()
