@@ -17,6 +17,7 @@ import os
 import signal
 import subprocess
 import threading
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Protocol
@@ -26,6 +27,8 @@ import psutil
 log = logging.getLogger("entrypoint")
 
 KILL_WAIT_S = 5.0
+# How long a tf.distribute task gets to exit on SIGTERM once the job's outcome is decided.
+TASK_END_WAIT_S = 1.0
 
 
 class LocalPart(Protocol):
@@ -274,6 +277,18 @@ class TaskGroupPart:
             signal_processes([process] if process else [], signal.SIGTERM)
 
     def end(self) -> None:
+        """SIGTERM to every live task at once, TASK_END_WAIT_S, then SIGKILL to what is left.
+        The job's outcome is decided when this runs, and TensorFlow's multi-worker runtime
+        catches SIGTERM for its preemption notifier (tsl's SigtermNotifier) without exiting:
+        the usual 5 s wait would add 5 s to every failure's teardown."""
+        live = [process for task in self._tasks.values() if (process := task.psutil_process())]
+        signal_processes(live, signal.SIGTERM)
+        deadline = time.monotonic() + TASK_END_WAIT_S
+        while time.monotonic() < deadline and any(
+            task.poll() is None for task in self._tasks.values()
+        ):
+            time.sleep(0.05)
+        kill_trees([process for task in self._tasks.values() if (process := task.psutil_process())])
         for task in self._tasks.values():
             task.end()
 

@@ -79,13 +79,26 @@ def _once_per_worker(value: tf.Tensor) -> tf.Tensor:
     return tf.where(first, value, tf.zeros_like(value))
 
 
-def _sum(value: tf.Tensor) -> tf.Tensor:
+@functools.cache
+def _sum_function() -> Callable[[tf.Tensor], tf.Tensor]:
+    """The all-reduce as one tf.function (a trace per dtype and shape): run eagerly, every
+    call would be a new collective instance whose parameters the workers first agree on over
+    gRPC, a round trip more on every training step's stop vote."""
+    strategy = _strategy()
+
     def replica(value: tf.Tensor) -> tf.Tensor:
         context = tf.distribute.get_replica_context()
         return context.all_reduce(tf.distribute.ReduceOp.SUM, _once_per_worker(value))
 
-    strategy = _strategy()
-    return strategy.experimental_local_results(strategy.run(replica, args=(value,)))[0]
+    @tf.function
+    def reduce(value: tf.Tensor) -> tf.Tensor:
+        return strategy.experimental_local_results(strategy.run(replica, args=(value,)))[0]
+
+    return reduce
+
+
+def _sum(value: tf.Tensor) -> tf.Tensor:
+    return _sum_function()(value)
 
 
 def _gather(value: tf.Tensor) -> tf.Tensor:

@@ -79,6 +79,9 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     # SavedModel export and Keras report through absl: notes about renamed inputs and such.
     logging.getLogger("absl").setLevel(logging.WARNING)
     collective.init()
+    # Again: under MultiWorkerMirroredStrategy, TensorFlow's runtime installs its own SIGTERM
+    # handler (its preemption notifier, which only notes the time), replacing ours.
+    stop.install()
     configure_logging(host, collective.rank())
     if collective.rank() == 0:
         log.info("backend %s, %d rank(s)", backend_name(env), collective.size())

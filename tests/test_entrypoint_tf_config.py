@@ -293,3 +293,15 @@ def test_the_entry_point_tells_the_model_its_backend():
     plan = make_plan(parse({MWMS: "true"}), gpu_count=0)
     env = task_environment({}, plan, host_tasks(plan)[0])
     assert backend_name(env) == "multi_worker_mirrored"
+
+
+def test_a_task_that_ignores_sigterm_is_killed_after_a_second():
+    # TensorFlow's multi-worker runtime catches SIGTERM without exiting (its preemption notifier).
+    ignores = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"
+    part = TaskGroupPart([_task(ignores, "worker:0")], chief=None)
+    part.start()
+    time.sleep(0.5)
+    started = time.monotonic()
+    part.end()
+    assert time.monotonic() - started < 3
+    assert part.poll() is not None

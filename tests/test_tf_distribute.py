@@ -158,5 +158,9 @@ def test_builtin_model_sigterm_checkpoints_and_exits_143(make_cluster, digits_di
     for stopper in stoppers:
         stopper.wait(30)
     assert codes == {"algo-1": 143, "algo-2": 143}, cluster.describe()
+    # The model itself stopped (not the entry point after the grace period): both workers
+    # agreed on the step, the chief wrote the checkpoint.
+    for host in cluster.hosts:
+        assert "stopped by SIGTERM at step" in cluster.logs(host), cluster.describe()
     assert "wrote checkpoint" in cluster.logs("algo-1"), cluster.describe()
     assert any(checkpoints.iterdir())
