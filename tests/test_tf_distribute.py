@@ -142,7 +142,11 @@ def test_builtin_model_trains_and_exports_under_mwms(make_cluster, digits_dir):
     assert not any((cluster.ml_root("algo-2") / "model").iterdir())
 
 
-def test_builtin_model_sigterm_checkpoints_and_exits_143(make_cluster, digits_dir, tmp_path):
+# Two jobs in one test: the stop, then the restart.
+@pytest.mark.timeout(480)
+def test_builtin_model_sigterm_checkpoints_exits_143_and_resumes(
+    make_cluster, digits_dir, tmp_path
+):
     checkpoints = tmp_path / "checkpoints"
     checkpoints.mkdir()
     cluster = make_cluster(
@@ -164,3 +168,14 @@ def test_builtin_model_sigterm_checkpoints_and_exits_143(make_cluster, digits_di
         assert "stopped by SIGTERM at step" in cluster.logs(host), cluster.describe()
     assert "wrote checkpoint" in cluster.logs("algo-1"), cluster.describe()
     assert any(checkpoints.iterdir())
+    # A restart (managed spot) resumes from the chief's checkpoint on both workers and exports.
+    resumed = make_cluster(
+        2,
+        hyperparameters=_builtin_mwms(epochs="4"),
+        channels=digits_dir,
+        checkpoint_dir=checkpoints,
+    )
+    resumed.start()
+    assert wait(resumed, 240) == {"algo-1": 0, "algo-2": 0}, resumed.describe()
+    assert "resuming from checkpoint epoch=" in resumed.logs("algo-1"), resumed.describe()
+    assert (resumed.ml_root("algo-1") / "model" / "1" / "saved_model.pb").is_file()
