@@ -4,6 +4,7 @@ python -m bench --image sm-horovod:cpu --docker docker --out bench/results
 python -m bench --quick          # 1 run each, 2 hosts only, small tensors (~4 minutes)
 python -m bench --only accuracy  # one measurement, merged into the existing results.json
 python -m bench --only serving   # the same for the serving benchmark
+python -m bench --only strategies  # Horovod vs MultiWorkerMirroredStrategy, and the MWMS fault
 """
 
 from __future__ import annotations
@@ -28,11 +29,21 @@ from bench.overhead import FaultRun, OverheadRun, measure_fault, measure_overhea
 from bench.pipeline import PipelineResult, measure_pipeline
 from bench.report import Results, load_results, write_report
 from bench.serving import ServingResult, measure_serving
+from bench.strategies import StrategiesResult, measure_strategies
 from bench.workspace import Workspace, workspace
 
 log = logging.getLogger("bench")
 
-MEASUREMENTS = ("overhead", "fault", "bandwidth", "pipeline", "rebuild", "accuracy", "serving")
+MEASUREMENTS = (
+    "overhead",
+    "fault",
+    "bandwidth",
+    "pipeline",
+    "rebuild",
+    "accuracy",
+    "serving",
+    "strategies",
+)
 # Which field of Results each measurement fills (for --only's merge).
 RESULT_FIELDS = {
     "overhead": "overhead_runs",
@@ -42,6 +53,7 @@ RESULT_FIELDS = {
     "rebuild": "image",
     "accuracy": "accuracy",
     "serving": "serving",
+    "strategies": "strategies",
 }
 # How long a fault run waits for the surviving hosts: the toolkit's workers poll for the
 # master's status file every 30 s and check the master only every 2 minutes.
@@ -154,6 +166,7 @@ def run(settings: Settings) -> Results:
     image: ImageResult | None = None
     accuracy: AccuracyResult | None = None
     serving: ServingResult | None = None
+    strategies: StrategiesResult | None = None
     if "serving" not in settings.skip:
         serving = measure_serving(settings.docker, settings.image, settings.serving_seconds)
     with workspace(settings.docker, settings.image, keep=settings.keep_scratch) as space:
@@ -167,6 +180,8 @@ def run(settings: Settings) -> Results:
             pipeline = measure_pipeline(space, settings.pipeline_seconds)
         if "accuracy" not in settings.skip:
             accuracy = measure_accuracy(space, (1,) if settings.quick else (1, 2, 3))
+        if "strategies" not in settings.skip:
+            strategies = measure_strategies(space, quick=settings.quick)
         if settings.only in {None, "rebuild"}:
             image = measure_image(
                 settings.docker, settings.image, space.root, rebuild="rebuild" not in settings.skip
@@ -183,6 +198,7 @@ def run(settings: Settings) -> Results:
         image=image,
         accuracy=accuracy,
         serving=serving,
+        strategies=strategies,
     )
 
 

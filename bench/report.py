@@ -22,6 +22,7 @@ from bench.machine import Machine
 from bench.overhead import FaultRun, OverheadRun, RankTimes
 from bench.pipeline import PipelineRate, PipelineResult
 from bench.serving import ServingResult, serving_from_json, serving_goal, serving_lines
+from bench.strategies import StrategiesResult, strategies_from_json, strategies_lines
 from bench.summary import (
     FaultSummary,
     Goal,
@@ -51,6 +52,7 @@ class Results:
     image: ImageResult | None
     accuracy: AccuracyResult | None = None
     serving: ServingResult | None = None
+    strategies: StrategiesResult | None = None
 
     @property
     def overhead(self) -> list[OverheadSummary]:
@@ -324,6 +326,7 @@ def to_markdown(results: Results) -> str:
         *_accuracy_lines(results.accuracy),
         *_image_lines(results.image),
         *serving_lines(results.serving),
+        *strategies_lines(results.strategies),
     ]
     return "\n".join(lines).rstrip() + "\n"
 
@@ -409,6 +412,7 @@ def load_results(path: Path) -> Results:
         image=ImageResult(**raw["image"]) if raw["image"] else None,
         accuracy=_accuracy_from(raw.get("accuracy")),
         serving=serving_from_json(raw.get("serving")),
+        strategies=strategies_from_json(raw.get("strategies")),
     )
 
 

@@ -66,13 +66,11 @@ UNSUPPORTED_DISTRIBUTIONS: Mapping[str, str] = {
     params.PYTORCH_XLA_MULTI_WORKER_ENABLED: (
         f"pytorchxla needs PyTorch/XLA, which this TensorFlow image lacks: {_USE_MPI}"
     ),
-    params.MULTI_WORKER_MIRRORED_STRATEGY_ENABLED: (
-        f"multi_worker_mirrored_strategy is not supported by this image yet: {_USE_MPI}"
-    ),
-    params.PARAMETER_SERVER_ENABLED: (
-        f"parameter_server is not supported by this image yet: {_USE_MPI}"
-    ),
 }
+# The SDK's switches for tf.distribute (distribution={"multi_worker_mirrored_strategy":
+# {"enabled": True}} and {"parameter_server": {"enabled": True}}): each selects its backend.
+MWMS_ENABLED_PARAM = params.MULTI_WORKER_MIRRORED_STRATEGY_ENABLED
+PS_ENABLED_PARAM = params.PARAMETER_SERVER_ENABLED
 
 DEFAULT_HOST_WAIT_TIMEOUT_S = 300.0
 # SageMaker sends SIGKILL 120 s after SIGTERM; leave room for mpirun and the workers to end.
@@ -98,6 +96,12 @@ class Backend(enum.Enum):
     # mpirun across hosts); the master gathers every host's exit code over the coordination
     # channel, so one host failing still fails the whole job.
     PER_HOST = "per_host"
+    # tf.distribute.MultiWorkerMirroredStrategy over TF_CONFIG: one process per host, every host
+    # a worker; like PER_HOST, every host reports its exit code and any failure fails the job.
+    MULTI_WORKER_MIRRORED = "multi_worker_mirrored"
+    # tf.distribute.ParameterServerStrategy over TF_CONFIG: a chief on the first host, a worker
+    # and a ps on every host; the chief's program ending is the job's end (protocol.chief_verdict).
+    PARAMETER_SERVER = "parameter_server"
 
     @property
     def needs_ssh(self) -> bool:
@@ -105,7 +109,17 @@ class Backend(enum.Enum):
 
     @property
     def workers_report_exit(self) -> bool:
-        return self is Backend.PER_HOST
+        return self is not Backend.MPI
+
+    @property
+    def uses_tf_config(self) -> bool:
+        return self in (Backend.MULTI_WORKER_MIRRORED, Backend.PARAMETER_SERVER)
+
+    @property
+    def chief_decides(self) -> bool:
+        """The job ends when the chief's program ends (parameter servers never end on their
+        own: server.join() blocks forever, tensorflow#25858)."""
+        return self is Backend.PARAMETER_SERVER
 
 
 @dataclasses.dataclass(frozen=True)
@@ -364,6 +378,60 @@ def _check_distribution_supported(hyperparameters: Mapping[str, Any]) -> None:
             raise ContractError(f"hyperparameter {name}=true: {why}")
 
 
+def _enabled(hyperparameters: Mapping[str, Any], name: str) -> bool:
+    return name in hyperparameters and _boolean(name, hyperparameters[name])
+
+
+def choose_backend(hyperparameters: Mapping[str, Any], ranks_per_host: int | None) -> Backend:
+    """The SDK's hyperparameters select the backend; contradictory requests fail here with one
+    line instead of one of them silently winning."""
+    strategies = [
+        name for name in (MWMS_ENABLED_PARAM, PS_ENABLED_PARAM) if _enabled(hyperparameters, name)
+    ]
+    mpi_requested = MPI_ENABLED_PARAM in hyperparameters and _boolean(
+        MPI_ENABLED_PARAM, hyperparameters[MPI_ENABLED_PARAM]
+    )
+    if len(strategies) > 1:
+        raise ContractError(
+            f"hyperparameters {strategies[0]}=true and {strategies[1]}=true: choose one strategy"
+        )
+    if not strategies:
+        if MPI_ENABLED_PARAM in hyperparameters and not mpi_requested:
+            return Backend.PER_HOST
+        return Backend.MPI
+    strategy = strategies[0]
+    if mpi_requested:
+        raise ContractError(
+            f"hyperparameters {MPI_ENABLED_PARAM}=true and {strategy}=true: Horovod over MPI "
+            "and a tf.distribute strategy cannot both run the job; choose one distribution"
+        )
+    if ranks_per_host is not None and ranks_per_host > 1:
+        raise ContractError(
+            f"{strategy}=true runs one process per task and host (a strategy drives every local "
+            f"GPU itself), so ranks_per_host / {MPI_PROCESSES_PER_HOST_PARAM}={ranks_per_host} "
+            "does not apply: remove it"
+        )
+    return (
+        Backend.MULTI_WORKER_MIRRORED
+        if strategy == MWMS_ENABLED_PARAM
+        else Backend.PARAMETER_SERVER
+    )
+
+
+def check_backend_fits(backend: Backend, host_count: int, program: Program) -> None:
+    """What the backend needs of the cluster and the program (checked once both are known)."""
+    if backend is Backend.PARAMETER_SERVER and host_count < 2:
+        raise ContractError(
+            f"{PS_ENABLED_PARAM}=true needs at least 2 hosts (got 1): use "
+            f"{MWMS_ENABLED_PARAM} or no distribution on one host"
+        )
+    if backend is Backend.PARAMETER_SERVER and isinstance(program, BuiltinProgram):
+        raise ContractError(
+            f"{PS_ENABLED_PARAM}=true: the built-in model trains with Horovod or "
+            f"{MWMS_ENABLED_PARAM}; parameter servers need your own script (sagemaker_program)"
+        )
+
+
 def parse_entrypoint_settings(hyperparameters: Mapping[str, Any]) -> EntrypointSettings:
     """Read the entry point's own hyperparameters and the toolkit's it acts on (decoded values);
     the launcher checks a job's request with this same function before it is sent."""
@@ -374,17 +442,13 @@ def parse_entrypoint_settings(hyperparameters: Mapping[str, Any]) -> EntrypointS
         return _positive_number(name, hyperparameters[name], integer=False)
 
     _check_distribution_supported(hyperparameters)
-    mpi_enabled = (
-        _boolean(MPI_ENABLED_PARAM, hyperparameters[MPI_ENABLED_PARAM])
-        if MPI_ENABLED_PARAM in hyperparameters
-        else True
-    )
+    ranks = _requested_ranks_per_host(hyperparameters)
     custom_options = hyperparameters.get(MPI_CUSTOM_OPTIONS_PARAM)
     return EntrypointSettings(
-        ranks_per_host=_requested_ranks_per_host(hyperparameters),
+        ranks_per_host=ranks,
         host_wait_timeout_s=seconds(HOST_WAIT_TIMEOUT, DEFAULT_HOST_WAIT_TIMEOUT_S),
         sigterm_grace_s=seconds(SIGTERM_GRACE_SECONDS, DEFAULT_SIGTERM_GRACE_S),
-        backend=Backend.MPI if mpi_enabled else Backend.PER_HOST,
+        backend=choose_backend(hyperparameters, ranks),
         custom_mpi_options=(
             parse_custom_mpi_options(hyperparameter_text(custom_options))
             if custom_options not in (None, "")
@@ -552,6 +616,11 @@ def parse_contract(
     job_name = (
         env.get("TRAINING_JOB_NAME") or hyperparameter_text(decoded.get(JOB_NAME_PARAM, "")) or None
     )
+    program = _parse_program(decoded, env)
+    try:
+        check_backend_fits(settings.backend, len(hosts), program)
+    except ContractError as error:
+        raise ContractError(f"{paths.hyperparameters}: {error}") from None
     return Contract(
         current_host=current_host,
         hosts=tuple(sorted(hosts)),
@@ -562,7 +631,7 @@ def parse_contract(
         channels=tuple(sorted(input_data_config)),
         input_data_config=input_data_config,
         resource_config=resource_config,
-        program=_parse_program(decoded, env),
+        program=program,
         settings=settings,
         job_name=job_name,
         paths=paths,

@@ -17,6 +17,7 @@ import os
 import signal
 import subprocess
 import threading
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Protocol
@@ -26,6 +27,8 @@ import psutil
 log = logging.getLogger("entrypoint")
 
 KILL_WAIT_S = 5.0
+# How long a tf.distribute task gets to exit on SIGTERM once the job's outcome is decided.
+TASK_END_WAIT_S = 1.0
 
 
 class LocalPart(Protocol):
@@ -101,14 +104,17 @@ class OutputTail:
 
     _MARKERS = ("Error", "error:", "Exception", "FAILED", "Traceback")
 
-    def __init__(self, stream: IO[bytes], keep: int = 200) -> None:
+    def __init__(self, stream: IO[bytes], keep: int = 200, prefix: bytes = b"") -> None:
         self._lines: collections.deque[str] = collections.deque(maxlen=keep)
+        # Several processes on one host (a ps, a worker, the chief) share our stdout: each
+        # line then says whose it is.
+        self._prefix = prefix
         self._thread = threading.Thread(target=self._copy, args=(stream,), daemon=True)
         self._thread.start()
 
     def _copy(self, stream: IO[bytes]) -> None:
         for raw in iter(stream.readline, b""):
-            os.write(1, raw)
+            os.write(1, self._prefix + raw)
             self._lines.append(raw.decode("utf-8", "replace").rstrip("\n"))
         stream.close()
 
@@ -126,10 +132,13 @@ class OutputTail:
 class _ChildProcess:
     """One child in its own session, its output copied to ours (mpirun, or a host's program)."""
 
-    def __init__(self, argv: Sequence[str], env: Mapping[str, str], cwd: Path | None) -> None:
+    def __init__(
+        self, argv: Sequence[str], env: Mapping[str, str], cwd: Path | None, *, prefix: str = ""
+    ) -> None:
         self._argv = list(argv)
         self._env = dict(env)
         self._cwd = cwd
+        self._prefix = prefix.encode()
         self._process: subprocess.Popen[bytes] | None = None
         self._tail: OutputTail | None = None
 
@@ -144,7 +153,7 @@ class _ChildProcess:
             start_new_session=True,
         )
         assert self._process.stdout is not None  # noqa: S101 - Popen with PIPE guarantees it
-        self._tail = OutputTail(self._process.stdout)
+        self._tail = OutputTail(self._process.stdout, prefix=self._prefix)
 
     def poll(self) -> int | None:
         if self._process is None:
@@ -217,3 +226,74 @@ class ProgramPart(_ChildProcess):
         log.info("SIGTERM: forwarding to the program; %.0f s to checkpoint and exit", grace_s)
         program = self.psutil_process()
         signal_processes([program] if program else [], signal.SIGTERM)
+
+
+# --------------------------------------------------------------------------------------------
+# tf.distribute over TF_CONFIG
+
+
+class TaskGroupPart:
+    """A host's processes under a tf.distribute strategy, one per task, each with its own
+    TF_CONFIG (tf_config.py): one worker under MultiWorkerMirroredStrategy; under
+    ParameterServerStrategy a worker and a ps server, plus the chief on the first host.
+
+    The part has ended:
+    - as soon as any task exits non-zero (its code; the others are ended by `end`),
+    - when the chief task exits 0 (the ps and worker servers block in server.join() forever:
+      the entry point stops them, and that is no failure),
+    - when every task exited 0.
+    """
+
+    def __init__(self, tasks: Sequence[tuple[str, ProgramPart]], chief: str | None) -> None:
+        self._tasks = dict(tasks)
+        self._chief = chief
+        self._failed: str | None = None
+
+    def start(self) -> None:
+        for name, task in self._tasks.items():
+            log.info("starting task %s", name)
+            task.start()
+
+    def poll(self) -> int | None:
+        codes = {name: task.poll() for name, task in self._tasks.items()}
+        for name, code in codes.items():
+            if code not in (None, 0):
+                self._failed = self._failed or name
+                return codes[self._failed]
+        if self._chief is not None and codes.get(self._chief) == 0:
+            return 0
+        if all(code == 0 for code in codes.values()):
+            return 0
+        return None
+
+    def forward_sigterm(self, grace_s: float) -> None:
+        log.info(
+            "SIGTERM: forwarding to tasks %s; %.0f s to checkpoint and exit",
+            ", ".join(self._tasks),
+            grace_s,
+        )
+        for task in self._tasks.values():
+            process = task.psutil_process()
+            signal_processes([process] if process else [], signal.SIGTERM)
+
+    def end(self) -> None:
+        """SIGTERM to every live task at once, TASK_END_WAIT_S, then SIGKILL to what is left.
+        The job's outcome is decided when this runs, and TensorFlow's multi-worker runtime
+        catches SIGTERM for its preemption notifier (tsl's SigtermNotifier) without exiting:
+        the usual 5 s wait would add 5 s to every failure's teardown."""
+        live = [process for task in self._tasks.values() if (process := task.psutil_process())]
+        signal_processes(live, signal.SIGTERM)
+        deadline = time.monotonic() + TASK_END_WAIT_S
+        while time.monotonic() < deadline and any(
+            task.poll() is None for task in self._tasks.values()
+        ):
+            time.sleep(0.05)
+        kill_trees([process for task in self._tasks.values() if (process := task.psutil_process())])
+        for task in self._tasks.values():
+            task.end()
+
+    def failure_detail(self) -> str | None:
+        if self._failed is None:
+            return None
+        detail = self._tasks[self._failed].failure_detail()
+        return f"task {self._failed}" + (f": {detail}" if detail else "")

@@ -28,16 +28,19 @@ from entrypoint.contract import (
 )
 from entrypoint.coordination import MasterChannel, WorkerChannel
 from entrypoint.failure import Reason, format_failure, record_failure
-from entrypoint.launchers import LocalPart, MpirunPart, OrtedPart, ProgramPart
+from entrypoint.launchers import LocalPart, MpirunPart, OrtedPart, ProgramPart, TaskGroupPart
 from entrypoint.plan import (
     JobPlan,
     build_mpirun_argv,
     format_command,
+    host_tasks,
     make_plan,
     rank_environment,
     require_channel,
     sagemaker_environment,
+    task_environment,
 )
+from entrypoint.tf_config import TaskType
 from model.hparams import parse_hyperparameters
 
 log = logging.getLogger("entrypoint")
@@ -169,6 +172,24 @@ def _local_part(plan: JobPlan, argv: list[str], env: Mapping[str, str]) -> Local
     """This host's part of the job, by backend and role (launchers.py)."""
     if plan.backend is Backend.PER_HOST:
         return ProgramPart(plan.program_argv, env, plan.working_dir)
+    if plan.backend.uses_tf_config:
+        tasks = host_tasks(plan)
+        # One task per host (MWMS) needs no prefix: its lines are the host's.
+        prefixed = len(tasks) > 1
+        processes = [
+            (
+                task.name,
+                ProgramPart(
+                    plan.program_argv,
+                    task_environment(env, plan, task),
+                    plan.working_dir,
+                    prefix=f"[{task.name}] " if prefixed else "",
+                ),
+            )
+            for task in tasks
+        ]
+        chief = next((task.name for task in tasks if task.type is TaskType.CHIEF), None)
+        return TaskGroupPart(processes, chief)
     if plan.is_master:
         return MpirunPart(argv, env, None)
     return OrtedPart()

@@ -15,7 +15,15 @@ from pathlib import Path
 
 from sagemaker_training import mapping
 
+from entrypoint import tf_config
 from entrypoint.contract import Backend, BuiltinProgram, Contract, ContractError, UserScript
+
+# Tells the built-in model which backend runs it (model/collective.py picks Horovod or
+# tf.distribute's MultiWorkerMirroredStrategy from it); Backend values.
+BACKEND_ENV = "SM_HVD_BACKEND"
+# TensorFlow's parameter-server guide: workers and ps fail an RPC at once when a peer is gone,
+# instead of retrying it forever.
+_PS_DEFAULTS = {"GRPC_FAIL_FAST": "use_caller"}
 
 # The launcher's per-job secret for the ssh keys; never forwarded to ranks, never logged.
 SSH_SEED_ENV = "SM_HVD_SSH_SEED"
@@ -150,7 +158,12 @@ def make_plan(contract: Contract, *, gpu_count: int, python: str = "python") -> 
         hosts=contract.hosts,
         master_host=contract.master_host,
         current_host=contract.current_host,
-        ranks_per_host=ranks_per_host(contract.ranks_per_host, gpu_count),
+        # A strategy drives every local GPU from one process per task.
+        ranks_per_host=(
+            1
+            if contract.backend.uses_tf_config
+            else ranks_per_host(contract.ranks_per_host, gpu_count)
+        ),
         network_interface_name=contract.network_interface_name,
         program_argv=argv,
         working_dir=working_dir,
@@ -271,3 +284,31 @@ def large_cluster_flags(host_count: int) -> list[str]:
 def format_command(argv: list[str]) -> str:
     """The command as a shell would read it, for the log (pip's format_command_args)."""
     return shlex.join(argv)
+
+
+def host_tasks(plan: JobPlan) -> tuple[tf_config.Task, ...]:
+    """This host's tf.distribute tasks (tf_config.py has the layouts)."""
+    if plan.backend is Backend.MULTI_WORKER_MIRRORED:
+        return tf_config.mwms_tasks(plan.hosts, plan.current_host)
+    if plan.backend is Backend.PARAMETER_SERVER:
+        return tf_config.ps_tasks(plan.hosts, plan.current_host)
+    raise ValueError(f"backend {plan.backend.value} has no TF_CONFIG tasks")
+
+
+def task_environment(
+    program_env: Mapping[str, str], plan: JobPlan, task: tf_config.Task
+) -> dict[str, str]:
+    """One task's environment: the program's (rank_environment), its TF_CONFIG (ours wins over
+    one the user set: it describes this job's cluster), and the backend for the built-in model."""
+    cluster = (
+        tf_config.mwms_cluster(plan.hosts)
+        if plan.backend is Backend.MULTI_WORKER_MIRRORED
+        else tf_config.ps_cluster(plan.hosts)
+    )
+    env = dict(program_env)
+    if plan.backend is Backend.PARAMETER_SERVER:
+        for name, value in _PS_DEFAULTS.items():
+            env.setdefault(name, value)
+    env[tf_config.TF_CONFIG_ENV] = tf_config.tf_config(cluster, task)
+    env[BACKEND_ENV] = plan.backend.value
+    return env

@@ -310,3 +310,28 @@ def per_host_verdict(
     if all(host in exits for host in hosts):
         return Verdict(0)
     return None
+
+
+def chief_verdict(
+    hosts: tuple[str, ...],
+    exits: Mapping[str, Exited],
+    chief_host: str,
+    *,
+    stopping: bool = False,
+) -> Verdict | None:
+    """Where the chief's program ends the job (tf.distribute's parameter servers: the worker
+    and ps servers block in server.join() forever and are stopped by the entry points).
+    None while undecided.
+
+    - Stopping, or any host's part failed: as per_host_verdict (every part ends under SIGTERM;
+      the first failure in host order fails the job at once).
+    - Otherwise the chief host's part ending with 0 is the job's success, whatever the other
+      hosts' servers are still doing.
+    """
+    undecided = per_host_verdict(hosts, exits, stopping=stopping)
+    if undecided is not None or stopping:
+        return undecided
+    chief = exits.get(chief_host)
+    if chief is not None and chief.exit_code == 0:
+        return Verdict(0)
+    return None

@@ -32,7 +32,13 @@ from entrypoint.failure import (
 )
 from entrypoint.launchers import KILL_WAIT_S, LocalPart, terminate
 from entrypoint.plan import JobPlan
-from entrypoint.protocol import Exited, Verdict, per_host_verdict, suspect_peers
+from entrypoint.protocol import (
+    Exited,
+    Verdict,
+    chief_verdict,
+    per_host_verdict,
+    suspect_peers,
+)
 
 log = logging.getLogger("entrypoint")
 
@@ -331,7 +337,11 @@ def _supervise_master(
             if code is not None:
                 own_failure = _part_failure(plan.current_host, part, code)
                 exits[plan.current_host] = Exited(code, own_failure)
-            verdict = per_host_verdict(plan.hosts, exits, stopping=stop.is_set())
+            verdict = (
+                chief_verdict(plan.hosts, exits, plan.master_host, stopping=stop.is_set())
+                if plan.backend.chief_decides
+                else per_host_verdict(plan.hosts, exits, stopping=stop.is_set())
+            )
             if verdict is not None:
                 return _error_from_verdict(verdict)
         elif code is not None:

@@ -8,11 +8,18 @@ the same order; `name` tells Horovod's matching calls apart.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import horovod.tensorflow as hvd_tf
 import horovod.tensorflow.keras as hvd
 import tensorflow as tf
+
+# One rank per device: each rank pins its GPU (or its share of the CPU threads).
+PINS_DEVICES = True
+# Rank 0 alone writes checkpoints and the export.
+EVERY_RANK_WRITES = False
 
 
 def init() -> None:
@@ -33,6 +40,11 @@ def local_rank() -> int:
 
 def local_size() -> int:
     return int(hvd.local_size())
+
+
+def replicas_per_rank() -> int:
+    """Model replicas one rank trains: one per Horovod rank."""
+    return 1
 
 
 def sum_across_ranks(values: list[float], name: str) -> list[float]:
@@ -83,3 +95,19 @@ def training_callbacks() -> list[tf.keras.callbacks.Callback]:
         # Before any callback that reads the epoch's metrics.
         hvd.callbacks.MetricAverageCallback(),
     ]
+
+
+@contextlib.contextmanager
+def scope() -> Iterator[None]:
+    """Where the model and optimizer are created (nothing to enter under Horovod)."""
+    yield
+
+
+def distribute(dataset: tf.data.Dataset) -> Any:
+    """fit()'s input: each rank's own batches, as they are."""
+    return dataset
+
+
+def run_locally(function: Callable[..., Any], *args: Any) -> Any:
+    """`function(*args)` on this rank alone."""
+    return function(*args)

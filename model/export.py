@@ -71,7 +71,9 @@ def export_model(
         tf.saved_model.save(
             serving,
             str(staging / SAVED_MODEL_VERSION),
-            signatures={"serving_default": serving.serve.get_concrete_function()},
+            # The function, not a concrete function of it: a concrete function that reads a
+            # strategy's distributed variables cannot be saved (tf.saved_model.save says so).
+            signatures={"serving_default": serving.serve},
         )
         if target.exists():
             shutil.rmtree(target)

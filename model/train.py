@@ -72,13 +72,19 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     # Imported only now: TensorFlow takes seconds to import and is not needed above.
     import tensorflow as tf  # noqa: PLC0415
 
-    from model import collective, training  # noqa: PLC0415
+    from model import training  # noqa: PLC0415
+    from model.backend import backend_name, collective  # noqa: PLC0415
 
     tf.get_logger().setLevel(logging.ERROR)
     # SavedModel export and Keras report through absl: notes about renamed inputs and such.
     logging.getLogger("absl").setLevel(logging.WARNING)
     collective.init()
+    # Again: under MultiWorkerMirroredStrategy, TensorFlow's runtime installs its own SIGTERM
+    # handler (its preemption notifier, which only notes the time), replacing ours.
+    stop.install()
     configure_logging(host, collective.rank())
+    if collective.rank() == 0:
+        log.info("backend %s, %d rank(s)", backend_name(env), collective.size())
     try:
         return training.run(params, paths, stop, host)
     except DataError as error:

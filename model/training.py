@@ -1,5 +1,6 @@
 """Training on one rank: Keras, distributed the way Horovod's own Keras examples do it (every
-Horovod call is in model/collective.py, so another backend can slot in).
+Horovod call is in model/collective.py; model/strategy.py provides the same functions under
+tf.distribute's MultiWorkerMirroredStrategy, and model/backend.py picks one).
 
 Every rank runs this. Each collective (gradient allreduce, metric averaging, the stop vote)
 must be reached by every rank in the same order, so every decision that ends or changes the
@@ -12,6 +13,7 @@ import dataclasses
 import logging
 import math
 import os
+import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -20,7 +22,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from model import collective
+from model.backend import collective
 from model.checkpoints import (
     WEIGHTS_PREFIX,
     latest_checkpoint,
@@ -99,6 +101,8 @@ class _Found:
 
 
 def _pin_devices() -> None:
+    if not collective.PINS_DEVICES:
+        return
     gpus = tf.config.list_physical_devices("GPU")
     for gpu in gpus:
         tf.config.experimental.set_memory_growth(gpu, True)
@@ -285,6 +289,11 @@ class _Evaluator:
 
     @tf.function(reduce_retracing=True)
     def _batch_sums(self, images: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
+        # On this rank alone: under a strategy, reading BatchNormalization's statistics outside
+        # a replica would be an all-reduce, and shards differ in their number of batches.
+        return collective.run_locally(self._local_sums, images, labels)
+
+    def _local_sums(self, images: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
         probabilities = self._model(images, training=False)
         losses = tf.keras.losses.sparse_categorical_crossentropy(labels, probabilities)
         predicted = tf.argmax(probabilities, axis=-1, output_type=tf.int32)
@@ -486,6 +495,12 @@ def _build_model(
     return model, optimizer
 
 
+def _scratch_dir(rank: int, what: str) -> Path:
+    """Where a rank that is not rank 0 writes what every rank must write under a strategy (its
+    copy is thrown away; TensorFlow's multi-worker guide: "to a temporary directory")."""
+    return Path(tempfile.gettempdir()) / f"sm-hvd-rank-{rank}" / what
+
+
 class _Run:
     """One rank's training run, from the first epoch to train to the export."""
 
@@ -498,19 +513,24 @@ class _Run:
         self.rank, self.ranks = collective.rank(), collective.size()
         self.channels, self.class_names = _open_channels(params, paths, self.rank, self.ranks, host)
         self.train = self.channels["train"]
+        # Models trained in step: one per Horovod rank; under a strategy, one per device of
+        # every worker (each takes its own batch of the worker's share every step).
+        per_rank = collective.replicas_per_rank()
+        self.replicas = self.ranks * per_rank
         # Every step is a collective: as many per epoch on every rank, enough for the
         # smallest share to be read once.
         smallest = collective.min_across_ranks(self.train.reader.expected, name="train_share_steps")
-        self.steps = max(1, math.ceil(smallest / params.batch_size))
+        self.steps = max(1, math.ceil(smallest / (params.batch_size * per_rank)))
         self.schedule = LearningRateSchedule(
-            params.learning_rate, self.ranks, params.warmup_epochs, params.epochs
+            params.learning_rate, self.replicas, params.warmup_epochs, params.epochs
         )
-        self.model, self.optimizer = _build_model(
-            params,
-            len(self.class_names),
-            self.schedule,
-            pretrained_weights(params, paths.pretrained),
-        )
+        with collective.scope():
+            self.model, self.optimizer = _build_model(
+                params,
+                len(self.class_names),
+                self.schedule,
+                pretrained_weights(params, paths.pretrained),
+            )
         self.checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer)
         self.identity = _checkpoint_identity(params, self.class_names)
         self.evaluate = _Evaluator(self.model, params.batch_size)
@@ -518,15 +538,16 @@ class _Run:
         self.last_metrics: dict[str, float] = {}
 
     def save(self, epochs_done: int, interrupted: bool) -> None:
-        if self.rank != 0:
+        if self.rank != 0 and not collective.EVERY_RANK_WRITES:
             return
         target = save_checkpoint(
-            self.paths.checkpoint_dir,
+            self.paths.checkpoint_dir if self.rank == 0 else _scratch_dir(self.rank, "checkpoints"),
             epochs_done,
             self.checkpoint.write,
             {"identity": self.identity, "metrics": self.last_metrics, "interrupted": interrupted},
         )
-        log.info("wrote checkpoint %s", target)
+        if self.rank == 0:
+            log.info("wrote checkpoint %s", target)
 
     def stop_now(self, epochs_done: int, save_first: bool) -> int:
         # Rank 0 writes, then the barrier keeps every rank alive until the checkpoint is on
@@ -559,7 +580,7 @@ class _Run:
                 "training %s on %d rank(s): epochs=%d (done %d) steps_per_epoch=%d "
                 "batch_size=%d per rank, peak_learning_rate=%g",
                 self.params.model,
-                self.ranks,
+                self.replicas,
                 self.params.epochs,
                 completed,
                 self.steps,
@@ -584,6 +605,7 @@ class _Run:
             batch_size=params.batch_size,
             seed=params.seed + self.rank,
         )
+        inputs = collective.distribute(batches)
         agreed_stop = _AgreedStopCallback(self.stop)
         callbacks = [
             *collective.training_callbacks(),
@@ -595,7 +617,7 @@ class _Run:
             # One fit() per epoch: a stop vote can end it mid-epoch without Keras then
             # running the validation it runs at the end of every epoch.
             history = self.model.fit(
-                batches,
+                inputs,
                 steps_per_epoch=self.steps,
                 initial_epoch=epoch,
                 epochs=epoch + 1,
@@ -618,7 +640,7 @@ class _Run:
 
     def end_epoch(self, epochs_done: int, history: Mapping[str, list], seconds: float) -> None:
         metrics = {name: float(values[-1]) for name, values in history.items()}
-        metrics["images_per_sec"] = self.steps * self.params.batch_size * self.ranks / seconds
+        metrics["images_per_sec"] = self.steps * self.params.batch_size * self.replicas / seconds
         if "validation" in self.channels:
             validation = self.evaluate(self.channels["validation"], "validation")
             metrics["val_loss"] = validation["loss"]
@@ -656,6 +678,14 @@ class _Run:
                 log.info("skipped %d unreadable image(s) of %d in the %s channel", bad, total, name)
         results["unreadable_images"] = unreadable
         if self.rank != 0:
+            if collective.EVERY_RANK_WRITES:
+                export_model(
+                    self.model,
+                    self.params.image_size,
+                    self.class_names,
+                    results,
+                    _scratch_dir(self.rank, "model"),
+                )
             return
         for name in ("validation", "test"):
             if name in results:

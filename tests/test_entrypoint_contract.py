@@ -312,12 +312,6 @@ _USE_MPI = "use distribution={'mpi': {'enabled': True}} with a Horovod script"
         ("sagemaker_pytorch_xla_multi_worker_enabled",
          "hyperparameter sagemaker_pytorch_xla_multi_worker_enabled=true: pytorchxla needs "
          f"PyTorch/XLA, which this TensorFlow image lacks: {_USE_MPI}"),
-        ("sagemaker_multi_worker_mirrored_strategy_enabled",
-         "hyperparameter sagemaker_multi_worker_mirrored_strategy_enabled=true: "
-         f"multi_worker_mirrored_strategy is not supported by this image yet: {_USE_MPI}"),
-        ("sagemaker_parameter_server_enabled",
-         "hyperparameter sagemaker_parameter_server_enabled=true: parameter_server is not "
-         f"supported by this image yet: {_USE_MPI}"),
     ],
 )  # fmt: skip
 def test_distributions_this_image_cannot_run(name, message):
