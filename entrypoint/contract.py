@@ -418,14 +418,15 @@ def choose_backend(hyperparameters: Mapping[str, Any], ranks_per_host: int | Non
     )
 
 
-def check_backend_fits(backend: Backend, host_count: int, program: Program) -> None:
-    """What the backend needs of the cluster and the program (checked once both are known)."""
+def check_backend_fits(backend: Backend, host_count: int, *, builtin_program: bool) -> None:
+    """What the backend needs of the cluster and the program (checked once both are known: by
+    the entry point, and by the launcher before it starts and bills any instance)."""
     if backend is Backend.PARAMETER_SERVER and host_count < 2:
         raise ContractError(
             f"{PS_ENABLED_PARAM}=true needs at least 2 hosts (got 1): use "
             f"{MWMS_ENABLED_PARAM} or no distribution on one host"
         )
-    if backend is Backend.PARAMETER_SERVER and isinstance(program, BuiltinProgram):
+    if backend is Backend.PARAMETER_SERVER and builtin_program:
         raise ContractError(
             f"{PS_ENABLED_PARAM}=true: the built-in model trains with Horovod or "
             f"{MWMS_ENABLED_PARAM}; parameter servers need your own script (sagemaker_program)"
@@ -618,7 +619,9 @@ def parse_contract(
     )
     program = _parse_program(decoded, env)
     try:
-        check_backend_fits(settings.backend, len(hosts), program)
+        check_backend_fits(
+            settings.backend, len(hosts), builtin_program=isinstance(program, BuiltinProgram)
+        )
     except ContractError as error:
         raise ContractError(f"{paths.hyperparameters}: {error}") from None
     return Contract(

@@ -22,6 +22,7 @@ from entrypoint.contract import (
     PROGRAM_PARAM,
     SUBMIT_DIR_PARAM,
     ContractError,
+    check_backend_fits,
     decode_hyperparameter,
     parse_entrypoint_settings,
     program_hyperparameters,
@@ -202,9 +203,11 @@ def _check_hyperparameters(config: TrainConfig) -> None:
     # The entry point's and the built-in model's own parsers: the job fails here, not after
     # SageMaker has started (and billed) its instances.
     decoded = {name: decode_hyperparameter(value) for name, value in hps.items()}
+    builtin_program = config.source is None and PROGRAM_HP not in hps
     try:
-        parse_entrypoint_settings(decoded)
-        if config.source is None and PROGRAM_HP not in hps:
+        settings = parse_entrypoint_settings(decoded)
+        check_backend_fits(settings.backend, config.instance_count, builtin_program=builtin_program)
+        if builtin_program:
             parse_hyperparameters(program_hyperparameters(decoded))
     except (ContractError, ValueError) as error:
         raise LaunchError(str(error)) from None

@@ -469,6 +469,23 @@ INVALID: dict[str, tuple[dict[str, Any], str]] = {
         "environment variable name '1X' is not [A-Za-z_][A-Za-z0-9_]*",
     ),
     "seed": ({"ssh_seed": "short"}, "the ssh seed must be 32 random bytes as 64 hex digits"),
+    "parameter-servers-on-one-instance": (
+        {
+            "hyperparameters": (("sagemaker_parameter_server_enabled", "true"),),
+            "source": rq.SourceBundle("train.py", "s3://b/s.tar.gz"),
+        },
+        "sagemaker_parameter_server_enabled=true needs at least 2 hosts (got 1): use "
+        "sagemaker_multi_worker_mirrored_strategy_enabled or no distribution on one host",
+    ),
+    "parameter-servers-with-the-built-in-model": (
+        {
+            "hyperparameters": (("sagemaker_parameter_server_enabled", "true"),),
+            "instance_count": 2,
+        },
+        "sagemaker_parameter_server_enabled=true: the built-in model trains with Horovod or "
+        "sagemaker_multi_worker_mirrored_strategy_enabled; parameter servers need your own "
+        "script (sagemaker_program)",
+    ),
 }
 
 
