@@ -422,6 +422,13 @@ def _accuracy_from(raw: dict | None) -> AccuracyResult | None:
     return AccuracyResult(**{**raw, "runs": tuple(AccuracyRun(**run) for run in raw["runs"])})
 
 
+def write_text_atomically(path: Path, text: str) -> None:
+    """A reader never sees half a file: write beside it, then rename over it."""
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(text)
+    partial.replace(path)
+
+
 def write_report(results: Results, out: Path) -> dict[str, Path]:
     out.mkdir(parents=True, exist_ok=True)
     paths = {
@@ -429,9 +436,7 @@ def write_report(results: Results, out: Path) -> dict[str, Path]:
         "markdown": out / "results.md",
         "plot": out / "overhead.png",
     }
-    for kind, text in (("json", to_json(results)), ("markdown", to_markdown(results))):
-        tmp = paths[kind].with_suffix(".tmp")
-        tmp.write_text(text)
-        tmp.replace(paths[kind])
+    write_text_atomically(paths["json"], to_json(results))
+    write_text_atomically(paths["markdown"], to_markdown(results))
     plot_overhead(results, paths["plot"])
     return paths

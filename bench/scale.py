@@ -40,6 +40,7 @@ from bench.containers import RUN_ERRORS, docker_exec, parse_docker_time, poll
 from bench.launchers import Launcher, make_cluster, output_dir, run_floor_mpirun
 from bench.machine import commit
 from bench.overhead import all_times, read_rank_times
+from bench.report import write_text_atomically
 from bench.workspace import Workspace, workspace
 from tests.cluster import Cluster, docker_command
 
@@ -591,20 +592,13 @@ def merged(
     return list(runs.values()), list(faults.values()), f"{earlier[2]} Then: {later[2]}"
 
 
-def _write_atomically(path: Path, text: str) -> None:
-    """A reader never sees half a file: write beside it, then rename over it."""
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(text)
-    partial.replace(path)
-
-
 def write_scale_report(
     runs: Sequence[ScaleRun], faults: Sequence[FaultRun], header: str, out: Path
 ) -> str:
     out.mkdir(parents=True, exist_ok=True)
     markdown = to_markdown(runs, faults, header)
-    _write_atomically(out / "scale.json", scale_to_json(runs, faults, header))
-    _write_atomically(out / "scale.md", markdown)
+    write_text_atomically(out / "scale.json", scale_to_json(runs, faults, header))
+    write_text_atomically(out / "scale.md", markdown)
     plot(runs, out / "scale.png")
     return markdown
 
