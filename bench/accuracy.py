@@ -14,6 +14,8 @@ import dataclasses
 import json
 import logging
 import time
+from collections.abc import Mapping
+from pathlib import Path
 
 import numpy as np
 from sklearn.datasets import load_digits
@@ -21,6 +23,7 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.svm import SVC
 
 from bench.containers import RUN_ERRORS
+from bench.launchers import host_names
 from bench.workspace import Workspace
 from tests.cluster import Cluster
 from tests.digits import make_digits, split_indices
@@ -69,26 +72,53 @@ def baseline_accuracies(seed: int = SPLIT_SEED) -> tuple[float, float]:
     return scores[0], scores[1]
 
 
-def _train(space: Workspace, hosts: int, channels: dict, hyperparameters: dict) -> AccuracyRun:
+@dataclasses.dataclass(frozen=True)
+class TrainedModel:
+    """One training job of the built-in model: its metrics.json and the master's log, or why
+    it failed (the failure line, else the exit codes)."""
+
+    seconds: float
+    metrics: dict | None = None
+    master_log: str = ""
+    error: str | None = None
+
+
+def train_builtin_model(
+    space: Workspace,
+    name: str,
+    hosts: int,
+    channels: Mapping[str, Path],
+    hyperparameters: Mapping[str, str],
+) -> TrainedModel:
+    """Train the built-in model on `hosts` containers through our entry point, to the end."""
     cluster = Cluster(
         docker=space.docker,
         image=space.image,
-        root=space.cluster_root(f"accuracy-{hosts}"),
-        hosts=tuple(f"algo-{index + 1}" for index in range(hosts)),
+        root=space.cluster_root(name),
+        hosts=host_names(hosts),
         hyperparameters=hyperparameters,
         channels=channels,
     )
+    master = cluster.hosts[0]
     started = time.monotonic()
     try:
         cluster.start()
         codes = cluster.wait(TIMEOUT_S)
         seconds = time.monotonic() - started
         if any(codes.values()):
-            failure = cluster.failure("algo-1") or f"exit codes {codes}"
-            return AccuracyRun(hosts, None, None, None, 0, seconds, error=failure[:500])
-        metrics = json.loads((cluster.ml_root("algo-1") / "model" / "metrics.json").read_text())
+            failure = cluster.failure(master) or f"exit codes {codes}"
+            return TrainedModel(seconds, error=failure[:500])
+        metrics = json.loads((cluster.ml_root(master) / "model" / "metrics.json").read_text())
+        return TrainedModel(seconds, metrics, cluster.logs(master))
     finally:
         cluster.remove()
+
+
+def _train(space: Workspace, hosts: int, channels: dict, hyperparameters: dict) -> AccuracyRun:
+    trained = train_builtin_model(space, f"accuracy-{hosts}", hosts, channels, hyperparameters)
+    metrics, seconds = trained.metrics, trained.seconds
+    if metrics is None:
+        return AccuracyRun(hosts, None, None, None, 0, seconds, error=trained.error)
     return AccuracyRun(
         hosts=hosts,
         train_accuracy=metrics["train"]["accuracy"],

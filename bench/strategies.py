@@ -14,16 +14,15 @@ MultiWorkerMirroredStrategy (TF_CONFIG), side by side in one run, and the MWMS f
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import re
 import statistics
-import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from bench.accuracy import BATCH_SIZE, EPOCHS, SPLIT_SEED
+from bench.accuracy import BATCH_SIZE, EPOCHS, SPLIT_SEED, train_builtin_model
 from bench.containers import RUN_ERRORS
+from bench.launchers import host_names
 from bench.workspace import Workspace
 from tests.cluster import Cluster
 from tests.digits import make_digits
@@ -34,7 +33,6 @@ BACKENDS = ("horovod", "multi_worker_mirrored")
 HOST_COUNTS = (1, 2)
 FAULT_HOSTS = 3
 FAULT_REPEATS = 2
-TIMEOUT_S = 1200.0
 FAULT_TIMEOUT_S = 60.0
 PROGRAMS = Path(__file__).resolve().parent.parent / "tests" / "programs"
 MWMS_HYPERPARAMETERS = {"sagemaker_multi_worker_mirrored_strategy_enabled": "true"}
@@ -83,27 +81,13 @@ def _train(space: Workspace, backend: str, hosts: int, channels: Mapping[str, Pa
     hyperparameters = {"epochs": str(EPOCHS), "batch_size": str(BATCH_SIZE)}
     if backend == "multi_worker_mirrored":
         hyperparameters.update(MWMS_HYPERPARAMETERS)
-    cluster = Cluster(
-        docker=space.docker,
-        image=space.image,
-        root=space.cluster_root(f"strategies-{backend}-{hosts}"),
-        hosts=tuple(f"algo-{index + 1}" for index in range(hosts)),
-        hyperparameters=hyperparameters,
-        channels=channels,
+    trained = train_builtin_model(
+        space, f"strategies-{backend}-{hosts}", hosts, channels, hyperparameters
     )
-    started = time.monotonic()
-    try:
-        cluster.start()
-        codes = cluster.wait(TIMEOUT_S)
-        seconds = time.monotonic() - started
-        if any(codes.values()):
-            failure = cluster.failure("algo-1") or f"exit codes {codes}"
-            return StrategyRun(backend, hosts, None, None, seconds, error=failure[:500])
-        metrics = json.loads((cluster.ml_root("algo-1") / "model" / "metrics.json").read_text())
-        step = step_seconds(cluster.logs("algo-1"), BATCH_SIZE, hosts)
-    finally:
-        cluster.remove()
-    return StrategyRun(backend, hosts, metrics["test"]["accuracy"], step, seconds)
+    if trained.metrics is None:
+        return StrategyRun(backend, hosts, None, None, trained.seconds, error=trained.error)
+    step = step_seconds(trained.master_log, BATCH_SIZE, hosts)
+    return StrategyRun(backend, hosts, trained.metrics["test"]["accuracy"], step, trained.seconds)
 
 
 def _fault(space: Workspace, repeat: int) -> StrategyFault:
@@ -111,7 +95,7 @@ def _fault(space: Workspace, repeat: int) -> StrategyFault:
         docker=space.docker,
         image=space.image,
         root=space.cluster_root(f"strategies-fault-{repeat}"),
-        hosts=tuple(f"algo-{index + 1}" for index in range(FAULT_HOSTS)),
+        hosts=host_names(FAULT_HOSTS),
         hyperparameters={
             **MWMS_HYPERPARAMETERS,
             "sagemaker_program": "mwms_keras.py",
