@@ -5,7 +5,7 @@ run.
 The model runs as SageMaker runs it (our entry point, `IMAGE train`, one container per host)
 with its default hyperparameters except `epochs` and `batch_size` (EPOCHS, BATCH_SIZE below:
 the setting the accuracy issue was measured with), on the PNG class folders of
-tests/digits.py.
+harness/digits.py.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from sklearn.svm import SVC
 from bench.containers import RUN_ERRORS
 from bench.launchers import host_names
 from bench.workspace import Workspace
-from tests.cluster import Cluster
-from tests.digits import make_digits, split_indices
+from harness.cluster import Cluster
+from harness.digits import make_digits, split_indices
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +34,7 @@ EPOCHS = 15
 BATCH_SIZE = 32
 HOST_COUNTS = (1, 2, 3)
 TIMEOUT_S = 1200.0
-# The split's seed (tests/digits.py's default).
+# The split's seed (harness/digits.py's default).
 SPLIT_SEED = 0
 
 

@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from bench.containers import RUN_ERRORS
 from bench.launchers import Launcher, make_cluster, output_dir
 from bench.workspace import Workspace
-from tests.cluster import docker_command
+from harness.cluster import docker_command
 
 log = logging.getLogger(__name__)
 

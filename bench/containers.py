@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 from datetime import datetime
 
-from tests.cluster import docker_command
+from harness.cluster import docker_command
 
 # What one failed measurement may raise without ending the benchmark: recorded, then skipped.
 RUN_ERRORS = (RuntimeError, TimeoutError, OSError, ValueError, subprocess.SubprocessError)

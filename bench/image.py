@@ -12,7 +12,7 @@ import tarfile
 import time
 from pathlib import Path
 
-from tests.cluster import docker_command
+from harness.cluster import docker_command
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ import platform
 import subprocess
 from pathlib import Path
 
-from tests.cluster import docker_command
+from harness.cluster import docker_command
 
 log = logging.getLogger(__name__)
 

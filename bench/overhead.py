@@ -24,7 +24,7 @@ from bench.launchers import (
     wait_for_sshd,
 )
 from bench.workspace import Workspace
-from tests.cluster import Cluster
+from harness.cluster import Cluster
 
 log = logging.getLogger(__name__)
 

@@ -15,8 +15,8 @@ from PIL import Image
 
 from bench.containers import RUN_ERRORS
 from bench.workspace import Workspace
-from tests.cluster import docker_command
-from tests.digits import make_digits
+from harness.cluster import docker_command
+from harness.digits import make_digits
 
 log = logging.getLogger(__name__)
 

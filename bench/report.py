@@ -261,7 +261,7 @@ def _accuracy_lines(result: AccuracyResult | None) -> list[str]:
     lines = [
         "### Built-in model accuracy",
         "",
-        "scikit-learn's digits (70/10/20 split, tests/digits.py) as PNG class folders, the "
+        "scikit-learn's digits (70/10/20 split, harness/digits.py) as PNG class folders, the "
         f"model's default hyperparameters but epochs={result.epochs} and "
         f"batch_size={result.batch_size} per rank, through our entry point; "
         f"on the raw 8x8 pixels of the same split, LogisticRegression: "

@@ -42,7 +42,7 @@ from bench.machine import commit
 from bench.overhead import all_times, read_rank_times
 from bench.report import write_text_atomically
 from bench.workspace import Workspace, workspace
-from tests.cluster import Cluster, docker_command
+from harness.cluster import Cluster, docker_command
 
 log = logging.getLogger("bench.scale")
 

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from bench.summary import Goal
-from tests.digits import make_digits
+from harness.digits import make_digits
 from tests.serving import SERVE_TEST_EPOCHS, ServeContainer, train_digits_model
 
 log = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
 """Measurement: the built-in model under Horovod (mpirun) and under tf.distribute's
 MultiWorkerMirroredStrategy (TF_CONFIG), side by side in one run, and the MWMS fault figure.
 
-- Accuracy and step time: the digits as PNG class folders (tests/digits.py), the accuracy
+- Accuracy and step time: the digits as PNG class folders (harness/digits.py), the accuracy
   benchmark's hyperparameters (bench/accuracy.py: epochs, batch_size per rank), so both
   backends see the same data, batch and schedule; at 1 and 2 hosts each. The step time is the
   median over the epochs after the first (tracing) of `batch_size * hosts / images_per_sec`
@@ -24,8 +24,8 @@ from bench.accuracy import BATCH_SIZE, EPOCHS, SPLIT_SEED, train_builtin_model
 from bench.containers import RUN_ERRORS
 from bench.launchers import host_names
 from bench.workspace import Workspace
-from tests.cluster import Cluster
-from tests.digits import make_digits
+from harness.cluster import Cluster
+from harness.digits import make_digits
 
 log = logging.getLogger(__name__)
 
@@ -168,7 +168,7 @@ def strategies_lines(result: StrategiesResult | None) -> list[str]:
     lines = [
         "### Backends: Horovod vs MultiWorkerMirroredStrategy",
         "",
-        "The built-in model on the digits (PNG class folders, tests/digits.py), default "
+        "The built-in model on the digits (PNG class folders, harness/digits.py), default "
         f"hyperparameters but epochs={result.epochs} and batch_size={result.batch_size} per "
         "rank, the same for both backends. Step: median wall time per step over the epochs "
         "after the first.",

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from tests.cluster import docker_command
+from harness.cluster import docker_command
 
 log = logging.getLogger(__name__)
 

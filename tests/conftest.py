@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster import Cluster
-from tests.digits import make_digits
+from harness.cluster import Cluster
+from harness.digits import make_digits
 
 
 @functools.cache

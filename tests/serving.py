@@ -17,8 +17,8 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from tests.cluster import Cluster, docker_command
-from tests.digits import DIGITS_HYPERPARAMETERS
+from harness.cluster import Cluster, docker_command
+from harness.digits import DIGITS_HYPERPARAMETERS
 
 SERVE_PORT = 8080
 # Enough for the digits at 32x32 (test accuracy ~0.97 on one host, ~40 s on 2 cores).

@@ -14,8 +14,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from tests.cluster import Cluster
-from tests.digits import DIGITS_HYPERPARAMETERS, make_digits
+from harness.cluster import Cluster
+from harness.digits import DIGITS_HYPERPARAMETERS, make_digits
 
 log = logging.getLogger("smoke")
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.mltree import write_ml_tree
+from harness.mltree import write_ml_tree
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(600)]
 

@@ -22,11 +22,11 @@ from pathlib import Path
 
 import pytest
 
+from harness.cluster import Cluster, docker_command
+from harness.digits import DIGITS_HYPERPARAMETERS
 from model.checkpoints import latest_checkpoint, read_state
 from model.logline import METRIC_NAMES, metric_regex
-from tests.cluster import Cluster, docker_command
 from tests.conftest import image_name
-from tests.digits import DIGITS_HYPERPARAMETERS
 
 pytestmark = pytest.mark.docker
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.digits import DIGITS_HYPERPARAMETERS
+from harness.digits import DIGITS_HYPERPARAMETERS
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(300)]
 

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 from pathlib import Path
 
-from tests.mltree import write_ml_tree
+from harness.mltree import write_ml_tree
 
 # `docker run`s in flight at once when a cluster starts.
 START_CONCURRENCY = 8

@@ -8,7 +8,7 @@ ImageFolder layout the model reads, split 70/10/20 (stratified, seeded):
     <root>/validation/<digit>/<index>.png
     <root>/test/<digit>/<index>.png
 
-Usage: python -m tests.digits OUT_DIR [--size 32] [--seed 0]
+Usage: python -m harness.digits OUT_DIR [--size 32] [--seed 0]
 """
 
 from __future__ import annotations
