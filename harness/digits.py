@@ -15,13 +15,15 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 from PIL import Image
 from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
+
+from harness.cluster import Cluster
 
 SPLITS: tuple[tuple[str, float], ...] = (("train", 0.7), ("validation", 0.1), ("test", 0.2))
 # The built-in model's hyperparameters for these images: they train in seconds at 32x32 with a
@@ -72,6 +74,21 @@ def make_digits(root: Path, *, seed: int = 0, size: int = 32) -> dict[str, Path]
             Image.fromarray(to_png_pixels(images[index], size)).save(path)
         folders[split] = folder
     return folders
+
+
+def one_host_digits_cluster(
+    *, docker: str, image: str, root: Path, channels: Mapping[str, Path], epochs: str
+) -> Cluster:
+    """The built-in model on the digits in ONE container, started as SageMaker starts it (not
+    yet started): what `make smoke`, serve's tests and its benchmark train."""
+    return Cluster(
+        docker=docker,
+        image=image,
+        root=root,
+        hosts=("algo-1",),
+        hyperparameters={**DIGITS_HYPERPARAMETERS, "epochs": epochs},
+        channels=channels,
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -14,8 +14,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from harness.cluster import Cluster
-from harness.digits import DIGITS_HYPERPARAMETERS, make_digits
+from harness.digits import make_digits, one_host_digits_cluster
 
 log = logging.getLogger("smoke")
 
@@ -29,13 +28,8 @@ def run_smoke(*, image: str, docker: str, workdir: Path) -> int:
     workdir = workdir.resolve()
     channels = make_digits(workdir / "data")
     log.info("digits data set: %s", ", ".join(f"{k}={v}" for k, v in channels.items()))
-    cluster = Cluster(
-        docker=docker,
-        image=image,
-        root=workdir / "hosts",
-        hosts=("algo-1",),
-        hyperparameters={**DIGITS_HYPERPARAMETERS, "epochs": SMOKE_EPOCHS},
-        channels=channels,
+    cluster = one_host_digits_cluster(
+        docker=docker, image=image, root=workdir / "hosts", channels=channels, epochs=SMOKE_EPOCHS
     )
     try:
         cluster.start()
