@@ -17,8 +17,8 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from harness.cluster import Cluster, docker_command
-from harness.digits import DIGITS_HYPERPARAMETERS
+from harness.cluster import docker_command
+from harness.digits import one_host_digits_cluster
 
 SERVE_PORT = 8080
 # Enough for the digits at 32x32 (test accuracy ~0.97 on one host, ~40 s on 2 cores).
@@ -37,13 +37,8 @@ def train_digits_model(
     docker: str, image: str, root: Path, channels: Mapping[str, Path], epochs: str
 ) -> TrainedModel:
     """Train the built-in model on the digits in one container, as SageMaker would."""
-    cluster = Cluster(
-        docker=docker,
-        image=image,
-        root=root,
-        hosts=("algo-1",),
-        hyperparameters={**DIGITS_HYPERPARAMETERS, "epochs": epochs},
-        channels=channels,
+    cluster = one_host_digits_cluster(
+        docker=docker, image=image, root=root, channels=channels, epochs=epochs
     )
     try:
         cluster.start()
