@@ -130,20 +130,10 @@ def shard(listing: ImageListing, rank: int, ranks: int) -> ImageListing:
     )
 
 
-def check_trainable(listing: ImageListing, ranks: int) -> None:
-    """Every rank must hold training files: a rank with an empty shard would leave the others
-    waiting for its gradients forever."""
-    if len(listing) < ranks:
-        raise DataError(
-            f"the {listing.channel} channel has {len(listing)} images, fewer than the "
-            f"{ranks} training processes"
-        )
-
-
-def steps_per_epoch(num_files: int, ranks: int, batch_size: int) -> int:
+def steps_per_epoch(smallest_share: int, batch_per_step: int) -> int:
     """Batches per rank per epoch, the same on every rank (each step is a collective): enough
-    for the smallest shard to be read once."""
-    return max(1, math.ceil((num_files // ranks) / batch_size))
+    for the smallest share (the fewest images any rank reads) to be read once."""
+    return max(1, math.ceil(smallest_share / batch_per_step))
 
 
 def check_unreadable(

@@ -40,6 +40,7 @@ from model.images import (
     list_channel,
     missing_channel_message,
     shard,
+    steps_per_epoch,
 )
 from model.logline import format_epoch_line
 from model.networks import build_classifier
@@ -520,7 +521,7 @@ class _Run:
         # Every step is a collective: as many per epoch on every rank, enough for the
         # smallest share to be read once.
         smallest = collective.min_across_ranks(self.train.reader.expected, name="train_share_steps")
-        self.steps = max(1, math.ceil(smallest / (params.batch_size * per_rank)))
+        self.steps = steps_per_epoch(smallest, params.batch_size * per_rank)
         self.schedule = LearningRateSchedule(
             params.learning_rate, self.replicas, params.warmup_epochs, params.epochs
         )

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from entrypoint.contract import Backend, ContractError, parse_contract
+from entrypoint.coordination import CHANNEL_PORT
 from entrypoint.failure import STOPPED_EXIT_CODE
 from entrypoint.launchers import ProgramPart, TaskGroupPart
 from entrypoint.plan import BACKEND_ENV, host_tasks, make_plan, task_environment
@@ -29,6 +30,7 @@ HOSTS = ("algo-1", "algo-2", "algo-3")
 MWMS = "sagemaker_multi_worker_mirrored_strategy_enabled"
 PS = "sagemaker_parameter_server_enabled"
 HYPERPARAMETERS_FILE = Path("/opt/ml/input/config/hyperparameters.json")
+SSHD_CONFIG = Path(__file__).resolve().parent.parent / "docker" / "sshd_config"
 
 
 def parse(hyperparameters, hosts=HOSTS, current="algo-1", env=None):
@@ -77,10 +79,29 @@ def test_ps_tf_config_is_exact_and_in_the_tf2_shape():
     assert set(cluster) <= {"chief", "worker", "evaluator", "ps"}
 
 
-def test_ports_avoid_ssh_and_the_channel_and_each_other():
-    cluster = ps_cluster(HOSTS)
-    ports = {address.rpartition(":")[2] for addresses in cluster.values() for address in addresses}
-    assert ports == {"2222", "2223", "2224"}
+def _sshd_port() -> int:
+    """The port the image's sshd listens on: its config's `Port`, else sshd's default, 22."""
+    for line in SSHD_CONFIG.read_text().splitlines():
+        words = line.split()
+        if len(words) == 2 and words[0].lower() == "port":
+            return int(words[1])
+    return 22
+
+
+@pytest.mark.parametrize("cluster", [mwms_cluster(HOSTS), ps_cluster(HOSTS)])
+def test_ports_avoid_ssh_and_the_channel_and_each_other(cluster):
+    ports = [
+        int(address.rpartition(":")[2]) for addresses in cluster.values() for address in addresses
+    ]
+    taken = {_sshd_port(), CHANNEL_PORT}
+    assert not taken & set(ports)
+    # Tasks sharing a host (ps: chief, worker and ps on algo-1) each have a port of their own.
+    per_type = {
+        task_type: {address.rpartition(":")[2] for address in addresses}
+        for task_type, addresses in cluster.items()
+    }
+    assert all(len(used) == 1 for used in per_type.values())
+    assert len({port for used in per_type.values() for port in used}) == len(per_type)
 
 
 def test_task_names():
