@@ -42,7 +42,19 @@ class RankTimes:
 
 
 @dataclasses.dataclass(frozen=True)
+class HostCost:
+    """What one container cost over a job, from its cgroup (bench.scale samples it)."""
+
+    peak_mib: float | None
+    peak_processes: int | None
+    cpu_s: float | None
+
+
+@dataclasses.dataclass(frozen=True)
 class OverheadRun:
+    """One job, from its first container's start to its last container's exit: `python -m
+    bench` (2 to 4 hosts, repeated) and `python -m bench.scale` (4 to 128 hosts, once each)."""
+
     launcher: str
     hosts: int
     repeat: int
@@ -53,19 +65,47 @@ class OverheadRun:
     ended: float | None = None
     ranks: tuple[RankTimes, ...] = ()
     error: str | None = None
+    # bench.scale's figures. The last container started (every host up) -> the last rank in
+    # user code: one Docker engine starts containers one after another (about 0.25 s each
+    # here), which SageMaker's separate hosts do not, and that part is the same for any
+    # launcher. The floor's mpirun starts once every host is up: the same as the start.
+    start_after_up_s: float | None = None
+    # The last rank left -> the last entry point logged its exit (ours only): the end without
+    # the engine's own teardown of N containers, one after another.
+    end_logged_s: float | None = None
+    # The master's "longest silence of a live worker" (ours only; heartbeats are 1 s apart, a
+    # worker is lost after 20 s): how close a busy cluster comes to a false "lost".
+    longest_silence_s: float | None = None
+    master: HostCost | None = None
+    # algo-2's
+    worker: HostCost | None = None
 
 
 @dataclasses.dataclass(frozen=True)
 class FaultRun:
+    """A worker (`killed_host`) hurt once every rank allreduces -> every other host down."""
+
     launcher: str
     hosts: int
     repeat: int
     killed_host: str
-    # killed container exited -> last other container exited; None if not within timeout_s
+    # the fault -> last other container exited; None if not within timeout_s
     detection_s: float | None
     timeout_s: float
     exit_codes: dict[str, int | None] = dataclasses.field(default_factory=dict)
     error: str | None = None
+    # "kill" (`docker kill`) or "cut" (`docker network disconnect`: no FIN reaches the peers)
+    fault: str = "kill"
+    # bench.scale's: the other hosts' distinct failure lines (up to 5), and how many of them
+    # exited non-zero; counted from exit_codes when not given (its earliest results, measured
+    # before the schema was shared, have the count but no exit_codes)
+    failure_lines: tuple[str, ...] = ()
+    nonzero_exits: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.nonzero_exits is None:
+            others = [code for host, code in self.exit_codes.items() if host != self.killed_host]
+            object.__setattr__(self, "nonzero_exits", sum(1 for code in others if code))
 
 
 def read_rank_times(cluster: Cluster) -> tuple[RankTimes, ...]:

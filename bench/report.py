@@ -1,5 +1,6 @@
-"""The published report: results.json (everything), results.md (the tables, with date,
-machine and versions) and overhead.png (overhead per host count, one bar per launcher)."""
+"""The published reports. `python -m bench`: results.json (everything), results.md (the tables,
+with date, machine and versions) and overhead.png (overhead per host count, one bar per
+launcher). `python -m bench.scale`: scale.json, scale.md and scale.png (4 to 128 hosts)."""
 
 from __future__ import annotations
 
@@ -12,14 +13,14 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
-from matplotlib.ticker import FuncFormatter, NullFormatter
+from matplotlib.ticker import FuncFormatter, NullFormatter, ScalarFormatter
 
 from bench.accuracy import AccuracyResult, AccuracyRun
 from bench.bandwidth import AllreducePoint, BandwidthResult
 from bench.image import ImageResult
 from bench.launchers import Launcher
 from bench.machine import Machine
-from bench.overhead import FaultRun, OverheadRun, RankTimes
+from bench.overhead import FaultRun, HostCost, OverheadRun, RankTimes
 from bench.pipeline import PipelineRate, PipelineResult
 from bench.serving import ServingResult, serving_from_json, serving_goal, serving_lines
 from bench.strategies import StrategiesResult, strategies_from_json, strategies_lines
@@ -28,6 +29,9 @@ from bench.summary import (
     Goal,
     OverheadSummary,
     evaluate_goals,
+    fixed,
+    minus,
+    scale_goals,
     summarize_faults,
     summarize_overhead,
 )
@@ -82,10 +86,6 @@ def to_json(results: Results) -> str:
 # Markdown
 
 
-def _s(value: float | None, digits: int = 2) -> str:
-    return "-" if value is None else f"{value:.{digits}f}"
-
-
 def _cell(text: str) -> str:
     """One table cell: one line, no column separator."""
     return " ".join(text.split()).replace("|", "\\|")
@@ -132,14 +132,14 @@ def _goal_lines(goals: Sequence[Goal]) -> list[str]:
 
 def _overhead_lines(summaries: Sequence[OverheadSummary]) -> list[str]:
     def versus(over: float | None, ratio: float | None) -> str:
-        return "-" if over is None else f"{over:+.2f} s ({_s(ratio, 1)}x)"
+        return "-" if over is None else f"{over:+.2f} s ({fixed(ratio, 1)}x)"
 
     rows = [
         [
             str(s.hosts),
             _label(s.launcher),
-            _s(s.start_median_s),
-            _s(s.end_median_s),
+            fixed(s.start_median_s),
+            fixed(s.end_median_s),
             versus(s.start_over_floor_s, s.start_ratio),
             versus(s.end_over_floor_s, s.end_ratio),
             f"{s.runs - s.failed}/{s.runs}",
@@ -196,7 +196,7 @@ def _bandwidth_lines(result: BandwidthResult | None) -> list[str]:
     lines += [
         f"Between 2 containers started by our entry point: raw TCP by iperf3 "
         f"({result.iperf3_version.split('(')[0].strip()}, one stream) "
-        f"**{_s(result.iperf3_gbit_s)} Gbit/s**, then Horovod allreduce of float32 tensors "
+        f"**{fixed(result.iperf3_gbit_s)} Gbit/s**, then Horovod allreduce of float32 tensors "
         f"(tensor fusion on, threshold {result.fusion_threshold}) in the same job. Bus bandwidth "
         "= size / time * 2(n-1)/n (nccl-tests' definition; n = 2).",
         "",
@@ -205,7 +205,7 @@ def _bandwidth_lines(result: BandwidthResult | None) -> list[str]:
         [
             f"{p.megabytes} MiB",
             f"{p.seconds * 1e3:.1f}",
-            _s(p.busbw_gbit_s),
+            fixed(p.busbw_gbit_s),
             "-" if p.fraction_of_iperf3 is None else f"{p.fraction_of_iperf3:.0%}",
         ]
         for p in result.points
@@ -298,7 +298,7 @@ def _image_lines(result: ImageResult | None) -> list[str]:
     if result.rebuild_s is not None:
         rebuild = (
             f"{result.rebuild_s:.1f} s (`make build FLAVOR=cpu` with {result.build_client}; "
-            f"the same build before the change: {_s(result.warm_build_s, 1)} s)"
+            f"the same build before the change: {fixed(result.warm_build_s, 1)} s)"
         )
     else:
         # the first line only: the build's own output is in the bench log
@@ -385,13 +385,19 @@ def plot_overhead(results: Results, path: Path) -> None:
     plt.close(figure)
 
 
+def _overhead_run(raw: dict) -> OverheadRun:
+    costs = {key: HostCost(**raw[key]) for key in ("master", "worker") if raw.get(key)}
+    ranks = tuple(RankTimes(**r) for r in raw.get("ranks", ()))
+    return OverheadRun(**{**raw, "ranks": ranks, **costs})
+
+
+def _fault_run(raw: dict) -> FaultRun:
+    return FaultRun(**{**raw, "failure_lines": tuple(raw.get("failure_lines", ()))})
+
+
 def load_results(path: Path) -> Results:
     """Results back from a results.json, to re-render the report without measuring again."""
     raw = json.loads(path.read_text())
-
-    def overhead_run(run: dict) -> OverheadRun:
-        return OverheadRun(**{**run, "ranks": tuple(RankTimes(**r) for r in run["ranks"])})
-
     bandwidth = raw["bandwidth"]
     if bandwidth is not None:
         points = tuple(AllreducePoint(**point) for point in bandwidth["points"])
@@ -405,8 +411,8 @@ def load_results(path: Path) -> Results:
         quick=raw["quick"],
         repeats=raw["repeats"],
         duration_s=raw["duration_s"],
-        overhead_runs=tuple(overhead_run(run) for run in raw["overhead_runs"]),
-        fault_runs=tuple(FaultRun(**run) for run in raw["fault_runs"]),
+        overhead_runs=tuple(_overhead_run(run) for run in raw["overhead_runs"]),
+        fault_runs=tuple(_fault_run(run) for run in raw["fault_runs"]),
         bandwidth=bandwidth,
         pipeline=pipeline,
         image=ImageResult(**raw["image"]) if raw["image"] else None,
@@ -440,3 +446,141 @@ def write_report(results: Results, out: Path) -> dict[str, Path]:
     write_text_atomically(paths["markdown"], to_markdown(results))
     plot_overhead(results, paths["plot"])
     return paths
+
+
+# ---------------------------------------------------------------------------------------------
+# bench.scale's report: scale.json, scale.md, scale.png
+
+
+@dataclasses.dataclass(frozen=True)
+class ScaleResults:
+    header: str
+    runs: tuple[OverheadRun, ...]
+    faults: tuple[FaultRun, ...]
+
+    def merged(self, later: ScaleResults) -> ScaleResults:
+        """`later`'s cells over these (a cell: launcher and host count, or fault and host
+        count); both headers kept, as the cells come from two invocations."""
+        runs = {(run.launcher, run.hosts): run for run in (*self.runs, *later.runs)}
+        faults = {(fault.fault, fault.hosts): fault for fault in (*self.faults, *later.faults)}
+        header = f"{self.header} Then: {later.header}"
+        return ScaleResults(header, tuple(runs.values()), tuple(faults.values()))
+
+
+def scale_to_json(results: ScaleResults) -> str:
+    return json.dumps(dataclasses.asdict(results), indent=2) + "\n"
+
+
+def scale_from_json(text: str) -> ScaleResults:
+    raw = json.loads(text)
+    return ScaleResults(
+        header=raw["header"],
+        runs=tuple(_overhead_run(run) for run in raw["runs"]),
+        faults=tuple(_fault_run(fault) for fault in raw["faults"]),
+    )
+
+
+def _launcher_order(run: OverheadRun) -> tuple[int, int]:
+    return run.hosts, list(Launcher).index(Launcher(run.launcher))
+
+
+def scale_markdown(results: ScaleResults) -> str:
+    runs = sorted(results.runs, key=_launcher_order)
+    lines = [results.header, "", "| Goal | Target | Measured | Met |", "|---|---|---|---|"]
+    for goal in scale_goals(results.runs, results.faults):
+        met = "yes" if goal.met else "**no**"
+        lines.append(f"| {goal.name} | {goal.target} | {goal.measured} | {met} |")
+    floor = {run.hosts: run for run in runs if run.launcher == Launcher.MPIRUN.value}
+    lines += [
+        "",
+        "| Hosts | Launcher | Start (s) | Start after all up (s) | End (s) "
+        "| End, exit logged (s) | Start vs mpirun | End vs mpirun |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for run in runs:
+        base = floor.get(run.hosts)
+        label = Launcher(run.launcher).label
+        if run.error:
+            lines.append(f"| {run.hosts} | {label} | failed: {run.error[:120]} | | | | | |")
+            continue
+        versus = [
+            "-"
+            if run.launcher == Launcher.MPIRUN.value or base is None
+            else f"+{fixed(minus(getattr(run, field), getattr(base, field)))} s"
+            for field in ("start_overhead_s", "end_overhead_s")
+        ]
+        lines.append(
+            f"| {run.hosts} | {label} | {fixed(run.start_overhead_s)} | "
+            f"{fixed(run.start_after_up_s)} | {fixed(run.end_overhead_s)} | "
+            f"{fixed(run.end_logged_s)} | {versus[0]} | {versus[1]} |"
+        )
+    lines += [
+        "",
+        "| Hosts | Launcher | Master peak MiB | Master peak processes | Master CPU (s) "
+        "| Worker peak MiB | Worker CPU (s) | Longest silence (s) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    nothing = HostCost(None, None, None)
+    for run in (run for run in runs if not run.error):
+        master, worker = run.master or nothing, run.worker or nothing
+        processes = "-" if master.peak_processes is None else master.peak_processes
+        lines.append(
+            f"| {run.hosts} | {Launcher(run.launcher).label} | {fixed(master.peak_mib, 0)} | "
+            f"{processes} | {fixed(master.cpu_s, 1)} | {fixed(worker.peak_mib, 0)} | "
+            f"{fixed(worker.cpu_s, 1)} | {fixed(run.longest_silence_s, 1)} |"
+        )
+    lines += [
+        "",
+        "| Fault | Hosts | Every other host down after (s) | Non-zero exits | Failure lines |",
+        "|---|---|---|---|---|",
+    ]
+    for fault in results.faults:
+        what = "worker killed" if fault.fault == "kill" else "worker cut off the network"
+        text = fault.error or "<br>".join(line.replace("|", "/") for line in fault.failure_lines)
+        lines.append(
+            f"| {what} | {fault.hosts} | {fixed(fault.detection_s)} | {fault.nonzero_exits} "
+            f"| {text} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plot_scale(runs: Sequence[OverheadRun], path: Path) -> None:
+    figure, axes = plt.subplots(1, 3, figsize=(15, 4))
+    for axis, field, title in (
+        (axes[0], "start_overhead_s", "start: first container -> last rank in code"),
+        (axes[1], "start_after_up_s", "start: last container -> last rank in code"),
+        (axes[2], "end_overhead_s", "end: last rank left -> last container exit"),
+    ):
+        for launcher in Launcher:
+            points = sorted(
+                (run.hosts, getattr(run, field))
+                for run in runs
+                if run.launcher == launcher.value and getattr(run, field) is not None
+            )
+            if points:
+                axis.plot(
+                    *zip(*points, strict=True),
+                    marker="o",
+                    label=launcher.label,
+                    color=COLORS[launcher],
+                )
+        axis.set_xscale("log")
+        axis.set_xticks(sorted({run.hosts for run in runs}))
+        axis.get_xaxis().set_major_formatter(ScalarFormatter())
+        axis.set_xlabel("hosts (one rank each)")
+        axis.set_ylabel("seconds")
+        axis.set_title(title, fontsize=10)
+        axis.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def write_scale_report(results: ScaleResults, out: Path) -> str:
+    out.mkdir(parents=True, exist_ok=True)
+    markdown = scale_markdown(results)
+    write_text_atomically(out / "scale.json", scale_to_json(results))
+    write_text_atomically(out / "scale.md", markdown)
+    plot_scale(results.runs, out / "scale.png")
+    return markdown

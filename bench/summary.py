@@ -1,4 +1,5 @@
-"""Pure reductions of the raw runs: medians, ratios to the floor, the README's goals."""
+"""Pure reductions of the raw runs: medians, ratios to the floor, and every goal (`python -m
+bench`'s and `python -m bench.scale`'s) judged from them."""
 
 from __future__ import annotations
 
@@ -11,10 +12,15 @@ from bench.launchers import Launcher
 from bench.overhead import FaultRun, OverheadRun
 
 GOAL_HOSTS = 4
+# Start and end over bare mpirun's: at GOAL_HOSTS, and (the end) at every count of bench.scale.
 GOAL_START_S = 2.0
 GOAL_END_S = 1.0
+# A worker killed / cut off the network -> every host down.
 GOAL_FAULT_S = 10.0
+GOAL_CUT_S = 60.0
 GOAL_ALLREDUCE = 0.85
+# bench.scale: the largest count that must complete.
+GOAL_SCALE_HOSTS = 128
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +58,11 @@ class Goal:
     met: bool | None  # None: not measured in this run
 
 
+def fixed(value: float | None, digits: int = 2) -> str:
+    """A figure for a table: `digits` decimals, or "-" where it was not measured."""
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
 def _median(values: Sequence[float]) -> float | None:
     return statistics.median(values) if values else None
 
@@ -60,7 +71,7 @@ def _ratio(value: float | None, floor: float | None) -> float | None:
     return value / floor if value is not None and floor else None
 
 
-def _minus(value: float | None, floor: float | None) -> float | None:
+def minus(value: float | None, floor: float | None) -> float | None:
     return value - floor if value is not None and floor is not None else None
 
 
@@ -92,8 +103,8 @@ def summarize_overhead(runs: Sequence[OverheadRun]) -> list[OverheadSummary]:
                 failed=failed,
                 start_median_s=start,
                 end_median_s=end,
-                start_over_floor_s=None if is_floor else _minus(start, floor_start),
-                end_over_floor_s=None if is_floor else _minus(end, floor_end),
+                start_over_floor_s=None if is_floor else minus(start, floor_start),
+                end_over_floor_s=None if is_floor else minus(end, floor_end),
                 start_ratio=None if is_floor else _ratio(start, floor_start),
                 end_ratio=None if is_floor else _ratio(end, floor_end),
             )
@@ -168,3 +179,92 @@ def evaluate_goals(
         _fault_goal(faults),
         _allreduce_goal(bandwidth),
     ]
+
+
+# ---------------------------------------------------------------------------------------------
+# bench.scale: 4 to 128 hosts, one run per cell
+
+
+def _by(runs: Sequence[OverheadRun], launcher: Launcher) -> dict[int, OverheadRun]:
+    return {run.hosts: run for run in runs if run.launcher == launcher.value}
+
+
+def _growth_goal(
+    ours: dict[int, OverheadRun], floor: dict[int, OverheadRun], field: str, name: str
+) -> Goal:
+    """`field` (a start time) from the smallest to the largest count both completed: ours
+    must grow no faster than the floor's own start time."""
+    both = sorted(
+        hosts
+        for hosts in ours
+        if hosts in floor
+        and getattr(ours[hosts], field) is not None
+        and getattr(floor[hosts], field) is not None
+    )
+    target = "grows no faster than bare mpirun's"
+    if len(both) < 2:
+        return Goal(name, target, "-", False)
+    low, high = both[0], both[-1]
+    ours_growth = getattr(ours[high], field) - getattr(ours[low], field)
+    floor_growth = getattr(floor[high], field) - getattr(floor[low], field)
+    measured = f"{low}->{high} hosts: +{ours_growth:.1f} s vs mpirun +{floor_growth:.1f} s"
+    return Goal(name, target, measured, ours_growth <= floor_growth)
+
+
+def scale_goals(runs: Sequence[OverheadRun], faults: Sequence[FaultRun]) -> list[Goal]:
+    """bench.scale's goals; a count or fault that failed misses its goal."""
+    ours, floor = _by(runs, Launcher.OURS), _by(runs, Launcher.MPIRUN)
+    largest = max(ours) if ours else 0
+    completed = [hosts for hosts, run in ours.items() if run.error is None]
+    goals = [
+        Goal(
+            f"{GOAL_SCALE_HOSTS} hosts complete",
+            "yes",
+            f"up to {max(completed, default=0)} of {largest}",
+            GOAL_SCALE_HOSTS in completed,
+        )
+    ]
+    start = (
+        minus(ours[GOAL_HOSTS].start_overhead_s, floor[GOAL_HOSTS].start_overhead_s)
+        if GOAL_HOSTS in ours and GOAL_HOSTS in floor
+        else None
+    )
+    goals.append(
+        Goal(
+            f"start overhead at {GOAL_HOSTS} hosts",
+            f"<= {GOAL_START_S:.0f} s over bare mpirun",
+            f"+{fixed(start)} s",
+            start is not None and start <= GOAL_START_S,
+        )
+    )
+    goals.append(
+        _growth_goal(ours, floor, "start_overhead_s", "start time (first container started)")
+    )
+    goals.append(_growth_goal(ours, floor, "start_after_up_s", "start time after every host is up"))
+    for field, name in (
+        ("end_overhead_s", "end overhead (last container exited)"),
+        ("end_logged_s", "end overhead (last entry point logged its exit)"),
+    ):
+        ends = [minus(getattr(ours[h], field), floor[h].end_overhead_s) for h in ours if h in floor]
+        worst_end = max((end for end in ends if end is not None), default=None)
+        goals.append(
+            Goal(
+                name,
+                f"<= {GOAL_END_S:.0f} s over bare mpirun at every count",
+                f"max +{fixed(worst_end)} s",
+                worst_end is not None and worst_end <= GOAL_END_S,
+            )
+        )
+    for fault, bound in (("kill", GOAL_FAULT_S), ("cut", GOAL_CUT_S)):
+        done = [f.detection_s for f in faults if f.fault == fault]
+        worst = max((d for d in done if d is not None), default=None)
+        met = bool(done) and None not in done and worst is not None and worst <= bound
+        goals.append(
+            Goal(
+                f"worker {'killed' if fault == 'kill' else 'cut off'}: every host down",
+                f"<= {bound:.0f} s",
+                f"{fixed(worst)} s",
+                met,
+            )
+        )
+    return goals

@@ -1,22 +1,31 @@
-"""bench/scale.py's pure parts: the goal rows, the table and the JSON round trip."""
+"""The scale benchmark's pure parts: its goals (bench/summary.py), its table and JSON round
+trip (bench/report.py), and the log lines it reads (bench/scale.py)."""
 
 from __future__ import annotations
 
-from bench.scale import (
-    FaultRun,
-    ScaleRun,
-    exit_logged_at,
-    goals,
-    longest_silence,
-    merged,
-    scale_from_json,
-    scale_to_json,
-    to_markdown,
-)
+from bench.overhead import FaultRun, HostCost, OverheadRun
+from bench.report import ScaleResults, scale_from_json, scale_markdown, scale_to_json
+from bench.scale import exit_logged_at, longest_silence
+from bench.summary import scale_goals
 
 
-def _run(launcher: str, hosts: int, start: float | None, end: float | None, **more) -> ScaleRun:
-    return ScaleRun(launcher, hosts, start, end, **more)
+def _run(launcher: str, hosts: int, start: float | None, end: float | None, **more) -> OverheadRun:
+    return OverheadRun(launcher, hosts, 0, start, end, **more)
+
+
+def _fault(fault: str, down: float | None, nonzero: int, lines=(), error=None) -> FaultRun:
+    return FaultRun(
+        "ours", 64, 0, "algo-2", down, 120.0, error=error, fault=fault,
+        failure_lines=lines, nonzero_exits=nonzero,
+    )  # fmt: skip
+
+
+def goals(runs, faults) -> list[tuple[str, str, str, bool | None]]:
+    return [(g.name, g.target, g.measured, g.met) for g in scale_goals(runs, faults)]
+
+
+def to_markdown(runs, faults, header: str) -> str:
+    return scale_markdown(ScaleResults(header, tuple(runs), tuple(faults)))
 
 
 RUNS = [
@@ -27,10 +36,8 @@ RUNS = [
         0.30,
         start_after_up_s=3.5,
         end_logged_s=0.25,
-        master_peak_mib=120.0,
-        master_cpu_s=1.5,
-        worker_cpu_s=0.75,
-        master_peak_processes=14,
+        master=HostCost(peak_mib=120.0, peak_processes=14, cpu_s=1.5),
+        worker=HostCost(peak_mib=None, peak_processes=None, cpu_s=0.75),
         longest_silence_s=1.1,
     ),
     _run("mpirun", 4, 3.0, 0.10, start_after_up_s=3.0),
@@ -40,8 +47,8 @@ RUNS = [
     _run("toolkit", 128, None, None, error="TimeoutError: 900 s"),
 ]
 FAULTS = [
-    FaultRun("kill", 64, 2.5, 63, ("host algo-2 was lost",)),
-    FaultRun("cut", 64, 12.0, 63, ("host algo-2 was lost",)),
+    _fault("kill", 2.5, 63, ("host algo-2 was lost",)),
+    _fault("cut", 12.0, 63, ("host algo-2 was lost",)),
 ]
 
 
@@ -80,7 +87,7 @@ def test_goals_judge_each_target_from_the_runs() -> None:
 
 def test_a_failed_count_or_fault_misses_its_goal() -> None:
     runs = [_run("ours", 4, None, None, error="boom"), _run("mpirun", 4, 3.0, 0.1)]
-    faults = [FaultRun("kill", 64, None, 0, error="not every host down in time")]
+    faults = [_fault("kill", None, 0, error="not every host down in time")]
     rows = {goal: met for goal, _, _, met in goals(runs, faults)}
     assert rows == {
         "128 hosts complete": False,
@@ -110,8 +117,8 @@ def test_table_rows_compare_with_the_floor_and_keep_errors() -> None:
 
 
 def test_json_round_trip_keeps_every_field() -> None:
-    runs, faults, header = scale_from_json(scale_to_json(RUNS, FAULTS, "Measured now."))
-    assert (runs, faults, header) == (RUNS, FAULTS, "Measured now.")
+    results = ScaleResults("Measured now.", tuple(RUNS), tuple(FAULTS))
+    assert scale_from_json(scale_to_json(results)) == results
 
 
 def test_longest_silence_is_read_from_the_masters_last_lines() -> None:
@@ -137,9 +144,10 @@ def test_exit_time_is_the_docker_timestamp_of_the_entry_points_last_line() -> No
 
 def test_merged_takes_the_later_cells_and_keeps_both_headers() -> None:
     later_run = _run("ours", 128, 70.0, 1.0)
-    later_fault = FaultRun("kill", 64, 3.0, 63)
-    runs, faults, header = merged((RUNS, FAULTS, "First."), ([later_run], [later_fault], "Second."))
-    assert len(runs) == len(RUNS)
-    assert [run for run in runs if (run.launcher, run.hosts) == ("ours", 128)] == [later_run]
-    assert faults == [later_fault, FAULTS[1]]
-    assert header == "First. Then: Second."
+    later_fault = _fault("kill", 3.0, 63)
+    earlier = ScaleResults("First.", tuple(RUNS), tuple(FAULTS))
+    both = earlier.merged(ScaleResults("Second.", (later_run,), (later_fault,)))
+    assert len(both.runs) == len(RUNS)
+    assert [run for run in both.runs if (run.launcher, run.hosts) == ("ours", 128)] == [later_run]
+    assert list(both.faults) == [later_fault, FAULTS[1]]
+    assert both.header == "First. Then: Second."
