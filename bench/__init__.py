@@ -2,5 +2,5 @@
 mpirun, on the same containers, in one run (`python -m bench`; `make bench`).
 
 Every figure is measured by this package; `bench.report` turns the results into the JSON,
-the Markdown table and the plot published in the README.
+the Markdown tables and the plots in bench/results/, which docs/benchmarks.md discusses.
 """

@@ -22,7 +22,7 @@ _FILTERS = (32, 64, 128, 256)
 def small_cnn_stages(image_size: int) -> int:
     """Conv/pool stages for an image side: enough halvings to reach ~4x4.
 
-    Measured on the digits (README): with a fixed 3 stages, a 64x64 input ends in 8x8
+    Measured on the digits (docs/model.md): with a fixed 3 stages, a 64x64 input ends in 8x8
     features whose receptive field (22 px) covers a third of the image, and the global
     average then pools local strokes: 0.972 train and 0.967 test accuracy. 4 stages at 64
     (receptive field 46 px): 1.000 and 0.992. So the depth follows the image size.
