@@ -97,15 +97,10 @@ class FaultRun:
     # "kill" (`docker kill`) or "cut" (`docker network disconnect`: no FIN reaches the peers)
     fault: str = "kill"
     # bench.scale's: the other hosts' distinct failure lines (up to 5), and how many of them
-    # exited non-zero; counted from exit_codes when not given (its earliest results, measured
-    # before the schema was shared, have the count but no exit_codes)
+    # exited non-zero (its earliest results, measured before the schema was shared, have this
+    # count but no exit_codes)
     failure_lines: tuple[str, ...] = ()
     nonzero_exits: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.nonzero_exits is None:
-            others = [code for host, code in self.exit_codes.items() if host != self.killed_host]
-            object.__setattr__(self, "nonzero_exits", sum(1 for code in others if code))
 
 
 def read_rank_times(cluster: Cluster) -> tuple[RankTimes, ...]:

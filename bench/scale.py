@@ -290,7 +290,9 @@ def measure_fault(space: Workspace, hosts: int, fault: str) -> FaultRun:
 
     def failed(error: str | None) -> FaultRun:
         ours = Launcher.OURS.value
-        return FaultRun(ours, hosts, 0, victim, None, FAULT_TIMEOUT_S, error=error, fault=fault)
+        return FaultRun(
+            ours, hosts, 0, victim, None, FAULT_TIMEOUT_S, error=error, fault=fault, nonzero_exits=0
+        )
 
     try:
         cluster.start()
@@ -313,6 +315,7 @@ def measure_fault(space: Workspace, hosts: int, fault: str) -> FaultRun:
             detection_s=down,
             exit_codes=dict(codes),
             failure_lines=lines[:5],
+            nonzero_exits=sum(1 for code in codes.values() if code),
         )
     except RUN_ERRORS as error:
         return failed(f"{type(error).__name__}: {error}"[:300])
