@@ -2,19 +2,31 @@
 
 from __future__ import annotations
 
+import dataclasses
+import datetime
 import json
+import os
 import re
+import secrets
 import subprocess
 import tarfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 
 from harness.mltree import write_ml_tree
+from tests.conftest import image_name
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(600)]
 
 MACHINE_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
+# The image's own CA bundle (Debian's ca-certificates).
+IMAGE_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 _PEM_CERT = re.compile(rb"-----BEGIN CERTIFICATE-----[A-Za-z0-9+/=\s]+-----END CERTIFICATE-----")
 # A whole key, header, base64 body and footer: code that merely names the header (ssh-keygen,
 # cryptography's parser) is not a key.
@@ -56,7 +68,7 @@ def test_train_is_our_entry_point_and_sshd_config_is_valid(docker, image):
     assert "permitrootlogin without-password" in result.stdout
 
 
-def _layer_files(docker: str, image: str):
+def _layer_files(docker: str, image: str) -> Iterator[tuple[str, str, bytes]]:
     """(layer, path, content) of every regular file up to 1 MiB in every layer of the image,
     streamed from `docker save` (whole layers, so files later deleted are seen too)."""
     save = subprocess.Popen([docker, "save", image], stdout=subprocess.PIPE)
@@ -75,23 +87,120 @@ def _layer_files(docker: str, image: str):
     assert save.wait(timeout=60) == 0
 
 
-def test_no_private_key_and_no_build_ca_bundle_in_any_layer(docker, image):
-    image_bundle = run(docker, "run", "--rm", image, "cat", str(MACHINE_CA_BUNDLE)).stdout
-    image_certs = set(_PEM_CERT.findall(image_bundle.encode()))
-    machine_bundle = MACHINE_CA_BUNDLE.read_bytes() if MACHINE_CA_BUNDLE.exists() else b""
-    # Certificates only this machine trusts: a TLS-intercepting proxy's CA, passed to the build
-    # as a secret. None of them may be in any layer.
-    build_only_certs = set(_PEM_CERT.findall(machine_bundle)) - image_certs
-    keys, leaked = [], []
+@dataclasses.dataclass(frozen=True)
+class LayerScan:
+    """What the image's layers hold that must not be there, read once for every check."""
+
+    # layer:path of every file holding a whole private key
+    private_keys: tuple[str, ...]
+    # layer:path -> the PEM certificates in that file
+    certificates: dict[str, frozenset[bytes]]
+
+
+def scan_layers(docker: str, image: str) -> LayerScan:
+    keys, certificates = [], {}
     for layer, path, content in _layer_files(docker, image):
         if _PRIVATE_KEY.search(content):
             keys.append(f"{layer}:{path}")
-        if build_only_certs and any(cert in content for cert in build_only_certs):
-            leaked.append(f"{layer}:{path}")
-        if machine_bundle and content == machine_bundle and build_only_certs:
-            leaked.append(f"{layer}:{path}")
-    assert keys == [], f"private keys in image layers: {keys}"
-    assert leaked == [], f"the build's CA bundle leaked into image layers: {leaked}"
+        if b"-----BEGIN CERTIFICATE-----" in content:
+            certificates[f"{layer}:{path}"] = frozenset(_PEM_CERT.findall(content))
+    return LayerScan(tuple(keys), certificates)
+
+
+def leaked(scan: LayerScan, build_only: set[bytes]) -> list[str]:
+    """Where any of the certificates only the build was given stands in a layer."""
+    return sorted(where for where, found in scan.certificates.items() if found & build_only)
+
+
+def build_only_certs(docker: str, image: str, bundle: bytes) -> set[bytes]:
+    """The certificates of a CA bundle given to the build that the image does not trust."""
+    trusted = run(docker, "run", "--rm", image, "cat", IMAGE_CA_BUNDLE).stdout.encode()
+    return set(_PEM_CERT.findall(bundle)) - set(_PEM_CERT.findall(trusted))
+
+
+@pytest.fixture(scope="module")
+def image_scan() -> LayerScan:
+    """One `docker save` of the image under test for both layer checks."""
+    return scan_layers(os.environ.get("DOCKER", "docker"), image_name())
+
+
+def test_no_private_key_in_any_layer(image_scan):
+    assert image_scan.private_keys == (), f"private keys in image layers: {image_scan.private_keys}"
+
+
+def test_no_build_ca_in_any_layer(docker, image, image_scan):
+    """The CA bundle the build was given (make's CA_BUNDLE, which .ci/run sets to this
+    machine's) reaches it as a BuildKit secret: none of its CAs that the image does not trust
+    itself (a TLS-intercepting proxy's) may be in any layer. Where that bundle adds none, no
+    build-only CA could have leaked; test_the_layer_scan_finds_a_ca_a_build_leaked shows the
+    check itself finds one."""
+    bundle = Path(os.environ.get("CA_BUNDLE") or MACHINE_CA_BUNDLE)
+    build_only = build_only_certs(docker, image, bundle.read_bytes() if bundle.is_file() else b"")
+    if not build_only:
+        pytest.skip(f"{bundle} holds no CA that the image does not already trust")
+    assert leaked(image_scan, build_only) == []
+
+
+def _throwaway_ca() -> bytes:
+    """A self-signed CA certificate (PEM) nobody else has; its key is never written anywhere."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"leak test {secrets.token_hex(4)}")])
+    now = datetime.datetime.now(datetime.UTC)
+    certificate = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now)
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    return certificate.public_bytes(serialization.Encoding.PEM)
+
+
+# A build that copies the secret into a layer: what the leak check must catch. Its final stage
+# holds only that one file, so scanning it reads a few bytes, not the whole image.
+_LEAKY_DOCKERFILE = """\
+FROM {image} AS leak
+RUN --mount=type=secret,id=ca,target=/run/ca.pem cp /run/ca.pem /leaked-ca.pem
+FROM scratch
+COPY --from=leak /leaked-ca.pem /opt/leaked-ca.pem
+"""
+
+
+def _buildkit_build(docker: str, context: Path, tag: str, secret: Path) -> None:
+    """`docker build` with BuildKit, as the Makefile picks it: buildx where there is one."""
+    buildx = run(docker, "buildx", "version").returncode == 0
+    command = [docker, "buildx", "build", "--load"] if buildx else [docker, "build"]
+    env = {**os.environ, "DOCKER_BUILDKIT": "1"}
+    done = subprocess.run(
+        [*command, "--secret", f"id=ca,src={secret}", "--tag", tag, str(context)],
+        env=env, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_the_layer_scan_finds_a_ca_a_build_leaked(docker, image, tmp_path):
+    """The check above can fail: a bundle of the image's own CAs and a throwaway one, given to a
+    build the way CA_BUNDLE is (a BuildKit secret) and copied into a layer, is found by its
+    throwaway CA alone."""
+    ca = _throwaway_ca()
+    trusted = run(docker, "run", "--rm", image, "cat", IMAGE_CA_BUNDLE).stdout.encode()
+    secret = tmp_path / "ca-bundle.crt"
+    secret.write_bytes(trusted + ca)
+    build_only = build_only_certs(docker, image, secret.read_bytes())
+    assert build_only == {ca.strip()}
+    (tmp_path / "Dockerfile").write_text(_LEAKY_DOCKERFILE.format(image=image))
+    tag = f"sm-horovod-leak-test:{secrets.token_hex(4)}"
+    try:
+        _buildkit_build(docker, tmp_path, tag, secret)
+        found = leaked(scan_layers(docker, tag), build_only)
+    finally:
+        run(docker, "image", "rm", "--force", tag)
+    assert len(found) == 1
+    assert found[0].endswith(":opt/leaked-ca.pem")
 
 
 @pytest.mark.parametrize(
