@@ -171,9 +171,12 @@ COPY --from=leak /leaked-ca.pem /opt/leaked-ca.pem
 
 
 def _buildkit_build(docker: str, context: Path, tag: str, secret: Path) -> None:
-    """`docker build` with BuildKit, as the Makefile picks it: buildx where there is one."""
+    """`docker build` with BuildKit, as the Makefile picks it: buildx where there is one.
+    Without the cache: BuildKit leaves a secret's content out of its cache key, so a cached
+    step would hold an earlier run's secret."""
     buildx = run(docker, "buildx", "version").returncode == 0
     command = [docker, "buildx", "build", "--load"] if buildx else [docker, "build"]
+    command.append("--no-cache")
     env = {**os.environ, "DOCKER_BUILDKIT": "1"}
     done = subprocess.run(
         [*command, "--secret", f"id=ca,src={secret}", "--tag", tag, str(context)],
