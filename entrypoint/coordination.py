@@ -389,6 +389,8 @@ class WorkerChannel:
         except Exception as error:  # a bug here must fail the job, not hang it
             log.exception("the coordination channel failed")
             self._fail(f"coordination channel error: {type(error).__name__}: {error}")
+            if self._session is not None:
+                self._session.end(Ending(End.ERROR, f"{type(error).__name__}: {error}"))
 
     async def _converse(self) -> None:
         try:

@@ -102,12 +102,12 @@ class Message:
     TRAVELS: ClassVar[frozenset[Direction]]
 
     def to_json(self) -> Fields:
-        return {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}  # type: ignore[arg-type]
+        return {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
 
     @classmethod
     def check_fields(cls, fields: Fields) -> None:
         """No field the type does not have: a peer speaking another dialect is refused."""
-        expected = {field.name for field in dataclasses.fields(cls)}  # type: ignore[arg-type]
+        expected = {field.name for field in dataclasses.fields(cls)}
         if not set(fields) <= expected:
             unexpected = sorted(set(fields) - expected)
             raise ProtocolError(f"unexpected fields {unexpected} in {cls.__name__}")
@@ -136,6 +136,11 @@ def _optional_text(value: object, name: str) -> str | None:
     if value is not None and not isinstance(value, str):
         raise ProtocolError(f"{name} must be a string or null")
     return value
+
+
+def _outcome(fields: Fields) -> tuple[int, str | None]:
+    """An Exited's or a Verdict's fields: an exit code and an optional failure line."""
+    return _exit_code(fields.get("exit_code")), _optional_text(fields.get("failure"), "failure")
 
 
 def _request_id(value: object) -> int:
@@ -229,8 +234,7 @@ class Exited(Message):
 
     @classmethod
     def from_json(cls, fields: Fields, catalog: Catalog) -> Self:
-        failure = _optional_text(fields.get("failure"), "failure")
-        return cls(_exit_code(fields.get("exit_code")), failure)
+        return cls(*_outcome(fields))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -245,8 +249,7 @@ class Verdict(Message):
 
     @classmethod
     def from_json(cls, fields: Fields, catalog: Catalog) -> Self:
-        failure = _optional_text(fields.get("failure"), "failure")
-        return cls(_exit_code(fields.get("exit_code")), failure)
+        return cls(*_outcome(fields))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -443,17 +443,11 @@ class Echo(Message):
 
 
 @dataclasses.dataclass(frozen=True)
-class Slow(Message):
+class Slow(Echo):
     """Answered after the handler awaited something (as a process's exit code would be)."""
 
     TYPE = "slow"
     TRAVELS = frozenset({Direction.TO_WORKER})
-
-    text: str
-
-    @classmethod
-    def from_json(cls, fields: Fields, catalog: object) -> Self:
-        return cls(str(fields.get("text")))
 
 
 @dataclasses.dataclass(frozen=True)
