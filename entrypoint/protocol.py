@@ -8,18 +8,24 @@ and, from the master, "the job's verdict is N".
 One TCP connection per worker, opened by the worker to the master:
 
     master -> worker   Challenge: 16 random bytes (the only unauthenticated frame)
-    worker -> master   Hello {host}                      \
+    worker -> master   Hello {host, version}             \
+    master -> worker   Refused {reason} (another version) |
     both ways          Heartbeat every HEARTBEAT_INTERVAL_S  |  authenticated with the
     master -> worker   Start (every worker said Hello)    |  connection's session key
     worker -> master   Exited {code, failure}             |
     master -> worker   Verdict {code, failure}            |
     worker -> master   Ack                               /
+    both ways          Request {id, body} -> Response {id, body | error}
 
 Frame: 4-byte big-endian length, then a 32-byte HMAC-SHA256 tag, then a JSON object. The tag
 covers the direction, the frame's sequence number in that direction and the JSON bytes, under a
 session key derived from the job key and both sides' nonces. So a frame cannot be forged without
 the job's secret, replayed on another connection, replayed or reordered on the same one, or
 reflected back to its sender.
+
+Each message type is a frozen dataclass that owns its JSON (`to_json`/`from_json`) and says which
+way it may travel (`TRAVELS`); a `Catalog` maps wire names to types. Adding a message is a
+dataclass here (or wherever it is used) plus a handler on the side that receives it.
 """
 
 from __future__ import annotations
@@ -31,14 +37,18 @@ import hmac
 import json
 import struct
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar, Self
 
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from entrypoint.failure import STOPPED_EXIT_CODE, Reason, format_failure
 
-PROTOCOL_VERSION = 1
+# Sent in every Hello; a master refuses a worker that speaks another version. 2: Hello carries
+# the version; Refused, Request and Response exist.
+PROTOCOL_VERSION = 2
+# What a Hello without a version field is: the first protocol, which sent none.
+_UNVERSIONED = 1
 NONCE_BYTES = 16
 TAG_BYTES = 32
 _LENGTH = struct.Struct(">I")
@@ -59,6 +69,8 @@ class Direction(enum.Enum):
     TO_MASTER = b"W"
 
 
+BOTH_WAYS = frozenset(Direction)
+
 # --------------------------------------------------------------------------------------------
 # Keys
 
@@ -78,67 +90,39 @@ def session_key(job_key: bytes, master_nonce: bytes, worker_nonce: bytes) -> byt
 # --------------------------------------------------------------------------------------------
 # Messages
 
-
-@dataclasses.dataclass(frozen=True)
-class Hello:
-    """A worker's first authenticated frame: which host it is (its nonce travels in clear in
-    front of it, see hello_frame)."""
-
-    host: str
+Fields = dict[str, Any]
 
 
-@dataclasses.dataclass(frozen=True)
-class Heartbeat:
-    """I am alive; sent every HEARTBEAT_INTERVAL_S in both directions."""
+class Message:
+    """A message of the channel. Subclasses are frozen dataclasses with a wire name (`TYPE`), the
+    directions they may travel (`TRAVELS`), and their own JSON: `to_json` gives the fields (the
+    encoder adds "type"), `from_json` checks and converts them back."""
+
+    TYPE: ClassVar[str]
+    TRAVELS: ClassVar[frozenset[Direction]]
+
+    def to_json(self) -> Fields:
+        return {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
+
+    @classmethod
+    def check_fields(cls, fields: Fields) -> None:
+        """No field the type does not have: a peer speaking another dialect is refused."""
+        expected = {field.name for field in dataclasses.fields(cls)}
+        if not set(fields) <= expected:
+            unexpected = sorted(set(fields) - expected)
+            raise ProtocolError(f"unexpected fields {unexpected} in {cls.__name__}")
+
+    @classmethod
+    def from_json(cls, fields: Fields, catalog: Catalog) -> Self:
+        """The default for a message without fields (`catalog` is for messages that carry
+        messages)."""
+        return cls()
+
+    def travels(self, direction: Direction) -> bool:
+        return direction in self.TRAVELS
 
 
-@dataclasses.dataclass(frozen=True)
-class Start:
-    """The master's go: every worker is connected (and ready for the launcher)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Exited:
-    """A worker's local part of the job ended (launchers where every host runs processes)."""
-
-    exit_code: int
-    failure: str | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class Verdict:
-    """The job's outcome, decided by the master: every host exits with `exit_code`."""
-
-    exit_code: int
-    failure: str | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class Ack:
-    """The worker has the verdict; the master may exit."""
-
-
-Message = Hello | Heartbeat | Start | Exited | Verdict | Ack
-
-_TYPES: dict[str, type[Message]] = {
-    "hello": Hello,
-    "heartbeat": Heartbeat,
-    "start": Start,
-    "exited": Exited,
-    "verdict": Verdict,
-    "ack": Ack,
-}
-_NAMES = {cls: name for name, cls in _TYPES.items()}
-# What each side may receive: a worker never gets to send a Verdict, a master never a Hello.
-ALLOWED = {
-    Direction.TO_MASTER: frozenset({Hello, Heartbeat, Exited, Ack}),
-    Direction.TO_WORKER: frozenset({Heartbeat, Start, Verdict}),
-}
-
-
-def message_to_json(message: Message) -> bytes:
-    body: dict[str, Any] = {"type": _NAMES[type(message)], **dataclasses.asdict(message)}
-    return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+Catalog = Mapping[str, type[Message]]
 
 
 def _exit_code(value: object) -> int:
@@ -154,29 +138,231 @@ def _optional_text(value: object, name: str) -> str | None:
     return value
 
 
-def message_from_json(data: bytes) -> Message:
+def _outcome(fields: Fields) -> tuple[int, str | None]:
+    """An Exited's or a Verdict's fields: an exit code and an optional failure line."""
+    return _exit_code(fields.get("exit_code")), _optional_text(fields.get("failure"), "failure")
+
+
+def _request_id(value: object) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ProtocolError(f"request id {value!r} is not a non-negative integer")
+    return value
+
+
+@dataclasses.dataclass(frozen=True)
+class Hello(Message):
+    """A worker's first authenticated frame: which host it is and which protocol version it
+    speaks (its nonce travels in clear in front of it, see hello_frame)."""
+
+    TYPE = "hello"
+    TRAVELS = frozenset({Direction.TO_MASTER})
+
+    host: str
+    version: int = PROTOCOL_VERSION
+
+    @classmethod
+    def check_fields(cls, fields: Fields) -> None:
+        # Another version's Hello may have other fields: it is refused for its version, by name.
+        if fields.get("version", _UNVERSIONED) == PROTOCOL_VERSION:
+            super().check_fields(fields)
+
+    @classmethod
+    def from_json(cls, fields: Fields, catalog: Catalog) -> Self:
+        version = fields.get("version", _UNVERSIONED)
+        if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+            raise ProtocolError(f"Hello with protocol version {version!r}")
+        host = fields.get("host")
+        if version != PROTOCOL_VERSION:
+            return cls(host if isinstance(host, str) else "", version)
+        if not isinstance(host, str) or not host:
+            raise ProtocolError("Hello without a host name")
+        return cls(host, version)
+
+
+def version_refusal(hello: Hello) -> str | None:
+    """Why a Hello's version cannot be served (one line naming both versions), or None."""
+    if hello.version == PROTOCOL_VERSION:
+        return None
+    return (
+        f"protocol version {hello.version} on {hello.host or 'the worker'}, "
+        f"{PROTOCOL_VERSION} on the master"
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Refused(Message):
+    """The master will not serve this connection (it speaks another protocol version)."""
+
+    TYPE = "refused"
+    TRAVELS = frozenset({Direction.TO_WORKER})
+
+    reason: str
+
+    @classmethod
+    def from_json(cls, fields: Fields, catalog: Catalog) -> Self:
+        reason = fields.get("reason")
+        if not isinstance(reason, str):
+            raise ProtocolError("Refused without a reason")
+        return cls(reason)
+
+
+@dataclasses.dataclass(frozen=True)
+class Heartbeat(Message):
+    """I am alive; sent every HEARTBEAT_INTERVAL_S in both directions."""
+
+    TYPE = "heartbeat"
+    TRAVELS = BOTH_WAYS
+
+
+@dataclasses.dataclass(frozen=True)
+class Start(Message):
+    """The master's go: every worker is connected (and ready for the launcher)."""
+
+    TYPE = "start"
+    TRAVELS = frozenset({Direction.TO_WORKER})
+
+
+@dataclasses.dataclass(frozen=True)
+class Exited(Message):
+    """A worker's local part of the job ended (launchers where every host runs processes)."""
+
+    TYPE = "exited"
+    TRAVELS = frozenset({Direction.TO_MASTER})
+
+    exit_code: int
+    failure: str | None = None
+
+    @classmethod
+    def from_json(cls, fields: Fields, catalog: Catalog) -> Self:
+        return cls(*_outcome(fields))
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict(Message):
+    """The job's outcome, decided by the master: every host exits with `exit_code`."""
+
+    TYPE = "verdict"
+    TRAVELS = frozenset({Direction.TO_WORKER})
+
+    exit_code: int
+    failure: str | None = None
+
+    @classmethod
+    def from_json(cls, fields: Fields, catalog: Catalog) -> Self:
+        return cls(*_outcome(fields))
+
+
+@dataclasses.dataclass(frozen=True)
+class Ack(Message):
+    """The worker has the verdict; the master may exit."""
+
+    TYPE = "ack"
+    TRAVELS = frozenset({Direction.TO_MASTER})
+
+
+def _body_from_json(value: object, catalog: Catalog) -> Message:
+    if not isinstance(value, dict):
+        raise ProtocolError("a request's or response's body must be a JSON object")
+    body = message_from_fields(dict(value), catalog)
+    if isinstance(body, Request | Response):
+        raise ProtocolError(f"a {type(body).__name__} cannot be the body of another")
+    return body
+
+
+@dataclasses.dataclass(frozen=True)
+class Request(Message):
+    """Asks the peer something: its handler for the body's type answers with a Response of the
+    same id. Either side may ask; the body must be allowed in the request's direction."""
+
+    TYPE = "request"
+    TRAVELS = BOTH_WAYS
+
+    request_id: int
+    body: Message
+
+    def to_json(self) -> Fields:
+        return {"request_id": self.request_id, "body": message_to_object(self.body)}
+
+    @classmethod
+    def from_json(cls, fields: Fields, catalog: Catalog) -> Self:
+        return cls(
+            _request_id(fields.get("request_id")), _body_from_json(fields.get("body"), catalog)
+        )
+
+    def travels(self, direction: Direction) -> bool:
+        return super().travels(direction) and self.body.travels(direction)
+
+
+@dataclasses.dataclass(frozen=True)
+class Response(Message):
+    """The answer to the Request with the same id: a message, or why there is none."""
+
+    TYPE = "response"
+    TRAVELS = BOTH_WAYS
+
+    request_id: int
+    body: Message | None = None
+    error: str | None = None
+
+    def to_json(self) -> Fields:
+        body = None if self.body is None else message_to_object(self.body)
+        return {"request_id": self.request_id, "body": body, "error": self.error}
+
+    @classmethod
+    def from_json(cls, fields: Fields, catalog: Catalog) -> Self:
+        request_id = _request_id(fields.get("request_id"))
+        error = _optional_text(fields.get("error"), "error")
+        raw = fields.get("body")
+        if (raw is None) == (error is None):
+            raise ProtocolError("a Response carries either a body or an error")
+        return cls(request_id, None if raw is None else _body_from_json(raw, catalog), error)
+
+    def travels(self, direction: Direction) -> bool:
+        return super().travels(direction) and (self.body is None or self.body.travels(direction))
+
+
+def catalog(*types: type[Message]) -> dict[str, type[Message]]:
+    """A wire-name table for these message types (each name once)."""
+    table: dict[str, type[Message]] = {}
+    for kind in types:
+        if kind.TYPE in table:
+            raise ValueError(f"two message types named {kind.TYPE!r}")
+        table[kind.TYPE] = kind
+    return table
+
+
+# Every message of the channel itself; a feature that adds messages extends this table.
+MESSAGES: tuple[type[Message], ...] = (
+    Hello, Refused, Heartbeat, Start, Exited, Verdict, Ack, Request, Response,
+)  # fmt: skip
+CATALOG: Catalog = catalog(*MESSAGES)
+
+
+def message_to_object(message: Message) -> Fields:
+    return {"type": message.TYPE, **message.to_json()}
+
+
+def message_to_json(message: Message) -> bytes:
+    return json.dumps(message_to_object(message), sort_keys=True, separators=(",", ":")).encode()
+
+
+def message_from_fields(body: Fields, catalog: Catalog = CATALOG) -> Message:
+    name = body.pop("type", None)
+    kind = catalog.get(name) if isinstance(name, str) else None
+    if kind is None:
+        raise ProtocolError("unknown message type")
+    kind.check_fields(body)
+    return kind.from_json(body, catalog)
+
+
+def message_from_json(data: bytes, catalog: Catalog = CATALOG) -> Message:
     try:
         body = json.loads(data)
     except (ValueError, UnicodeDecodeError) as error:
         raise ProtocolError(f"malformed JSON ({error})") from None
     if not isinstance(body, dict):
         raise ProtocolError("a message must be a JSON object")
-    kind = _TYPES.get(body.pop("type", None))
-    if kind is None:
-        raise ProtocolError("unknown message type")
-    expected = {field.name for field in dataclasses.fields(kind)}
-    if not set(body) <= expected:
-        raise ProtocolError(f"unexpected fields {sorted(set(body) - expected)} in {kind.__name__}")
-    if kind is Hello:
-        host = body.get("host")
-        if not isinstance(host, str) or not host:
-            raise ProtocolError("Hello without a host name")
-        return Hello(host)
-    if kind in (Exited, Verdict):
-        return kind(
-            _exit_code(body.get("exit_code")), _optional_text(body.get("failure"), "failure")
-        )
-    return kind()
+    return message_from_fields(body, catalog)
 
 
 # --------------------------------------------------------------------------------------------
@@ -230,12 +416,19 @@ def body_length(header: bytes) -> int:
 
 
 class FrameReader:
-    """Checks and decodes one direction's frame bodies: tag, sequence, message type."""
+    """Checks and decodes one direction's frame bodies: tag, sequence, message type, direction."""
 
-    def __init__(self, key: bytes, direction: Direction, first_sequence: int = 0) -> None:
+    def __init__(
+        self,
+        key: bytes,
+        direction: Direction,
+        first_sequence: int = 0,
+        catalog: Catalog = CATALOG,
+    ) -> None:
         self._key = key
         self._direction = direction
         self._sequence = first_sequence
+        self._catalog = catalog
 
     def decode(self, body: bytes) -> Message:
         if len(body) <= TAG_BYTES:
@@ -245,8 +438,8 @@ class FrameReader:
         if not hmac.compare_digest(tag, expected):
             raise ProtocolError("authentication failed (wrong key, replayed or reordered frame)")
         self._sequence += 1
-        message = message_from_json(payload)
-        if type(message) not in ALLOWED[self._direction]:
+        message = message_from_json(payload, self._catalog)
+        if not message.travels(self._direction):
             raise ProtocolError(f"{type(message).__name__} is not allowed in this direction")
         return message
 
@@ -258,7 +451,9 @@ def parse_challenge(body: bytes) -> bytes:
 
 
 def parse_hello(job_key: bytes, master_nonce: bytes, body: bytes) -> tuple[Hello, bytes]:
-    """The master's check of a worker's first frame; returns the Hello and the session key."""
+    """The master's check of a worker's first frame; returns the Hello and the session key.
+    The Hello's version is not checked here (see version_refusal): a worker of another version
+    is authenticated first, then refused by name."""
     if len(body) <= NONCE_BYTES + TAG_BYTES:
         raise ProtocolError("Hello frame too short")
     worker_nonce, rest = body[:NONCE_BYTES], body[NONCE_BYTES:]

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 
 import pytest
 
 from entrypoint.failure import Reason, parse_failure
 from entrypoint.protocol import (
+    CATALOG,
     MAX_FRAME_BYTES,
+    MESSAGES,
     NONCE_BYTES,
+    PROTOCOL_VERSION,
     TAG_BYTES,
     Ack,
     Direction,
@@ -18,10 +22,15 @@ from entrypoint.protocol import (
     FrameWriter,
     Heartbeat,
     Hello,
+    Message,
     ProtocolError,
+    Refused,
+    Request,
+    Response,
     Start,
     Verdict,
     body_length,
+    catalog,
     challenge_frame,
     derive_job_key,
     hello_frame,
@@ -33,6 +42,7 @@ from entrypoint.protocol import (
     session_key,
     silent_peers,
     suspect_peers,
+    version_refusal,
 )
 
 JOB_KEY = derive_job_key(b"job secret")
@@ -60,13 +70,21 @@ def test_keys_are_deterministic_and_separate():
 @pytest.mark.parametrize(
     ("message", "text"),
     [
-        (Hello("algo-2"), b'{"host":"algo-2","type":"hello"}'),
+        (Hello("algo-2"), b'{"host":"algo-2","type":"hello","version":2}'),
         (Heartbeat(), b'{"type":"heartbeat"}'),
         (Start(), b'{"type":"start"}'),
         (Exited(3, "TrainingFailed: x"),
          b'{"exit_code":3,"failure":"TrainingFailed: x","type":"exited"}'),
         (Verdict(0), b'{"exit_code":0,"failure":null,"type":"verdict"}'),
         (Ack(), b'{"type":"ack"}'),
+        (Refused("protocol version 1 on algo-2, 2 on the master"),
+         b'{"reason":"protocol version 1 on algo-2, 2 on the master","type":"refused"}'),
+        (Request(7, Heartbeat()), b'{"body":{"type":"heartbeat"},"request_id":7,"type":"request"}'),
+        (Response(7, Exited(0)),
+         b'{"body":{"exit_code":0,"failure":null,"type":"exited"},"error":null,"request_id":7,'
+         b'"type":"response"}'),
+        (Response(8, None, "no handler for Start"),
+         b'{"body":null,"error":"no handler for Start","request_id":8,"type":"response"}'),
     ],
 )  # fmt: skip
 def test_messages_as_exact_json(message, text):
@@ -81,16 +99,26 @@ def test_messages_as_exact_json(message, text):
         (b"[1]", "must be a JSON object"),
         (b'{"type":"launch"}', "unknown message type"),
         (b'{"exit_code":0}', "unknown message type"),
-        (b'{"type":"hello"}', "Hello without a host name"),
-        (b'{"type":"hello","host":""}', "Hello without a host name"),
+        (b'{"type":"hello","version":2}', "Hello without a host name"),
+        (b'{"type":"hello","host":"","version":2}', "Hello without a host name"),
+        (b'{"type":"hello","host":"a","version":true}', "Hello with protocol version True"),
+        (b'{"type":"hello","host":"a","version":2,"x":1}', "unexpected fields \\['x'\\] in Hello"),
         (b'{"type":"verdict","exit_code":true}', "exit code True is not an integer"),
         (b'{"type":"verdict","exit_code":256}', "exit code 256"),
         (b'{"type":"verdict","exit_code":"0"}', "exit code '0'"),
         (b'{"type":"verdict","exit_code":1,"failure":5}', "failure must be a string"),
         (b'{"type":"ack","extra":1}', "unexpected fields \\['extra'\\] in Ack"),
         (b"\xff\xfe", "malformed JSON"),
+        (b'{"type":"request","request_id":-1,"body":{"type":"ack"}}', "request id -1"),
+        (b'{"type":"request","request_id":1,"body":[]}', "body must be a JSON object"),
+        (b'{"type":"request","request_id":1,"body":{"type":"launch"}}', "unknown message type"),
+        (b'{"type":"request","request_id":1,"body":{"type":"request","request_id":2,'
+         b'"body":{"type":"ack"}}}', "a Request cannot be the body of another"),
+        (b'{"type":"response","request_id":1,"body":null,"error":null}', "either a body or"),
+        (b'{"type":"response","request_id":1,"body":{"type":"ack"},"error":"x"}', "either a body"),
+        (b'{"type":"refused"}', "Refused without a reason"),
     ],
-)
+)  # fmt: skip
 def test_malformed_messages_are_refused(text, error):
     with pytest.raises(ProtocolError, match=error):
         message_from_json(text)
@@ -159,6 +187,65 @@ def test_messages_only_travel_their_way(direction, message):
     frame = FrameWriter(KEY, direction).encode(message)
     with pytest.raises(ProtocolError, match="not allowed in this direction"):
         FrameReader(KEY, direction).decode(body(frame))
+
+
+@pytest.mark.parametrize(
+    ("direction", "message", "allowed"),
+    [(Direction.TO_MASTER, Request(0, Verdict(0)), False),
+     (Direction.TO_WORKER, Request(0, Start()), True),
+     (Direction.TO_WORKER, Response(0, Exited(0)), False),
+     (Direction.TO_MASTER, Response(0, Exited(0)), True),
+     (Direction.TO_MASTER, Response(0, None, "failed"), True),
+     (Direction.TO_WORKER, Refused("x"), True),
+     (Direction.TO_MASTER, Refused("x"), False)],
+)  # fmt: skip
+def test_requests_and_responses_carry_only_what_may_travel_their_way(direction, message, allowed):
+    """A request or response is no way around the direction rule: its body must be allowed in
+    the direction it travels, so a worker cannot have the master 'answer' itself a Verdict."""
+    frame = FrameWriter(KEY, direction).encode(message)
+    if allowed:
+        assert FrameReader(KEY, direction).decode(body(frame)) == message
+    else:
+        with pytest.raises(ProtocolError, match="not allowed in this direction"):
+            FrameReader(KEY, direction).decode(body(frame))
+
+
+def test_a_message_type_is_known_only_to_its_catalog():
+    @dataclasses.dataclass(frozen=True)
+    class Spawn(Message):
+        TYPE = "spawn"
+        TRAVELS = frozenset({Direction.TO_WORKER})
+
+    frame = FrameWriter(KEY, Direction.TO_WORKER).encode(Request(1, Spawn()))
+    with pytest.raises(ProtocolError, match="unknown message type"):
+        FrameReader(KEY, Direction.TO_WORKER).decode(body(frame))
+    extended = catalog(*MESSAGES, Spawn)
+    decoded = FrameReader(KEY, Direction.TO_WORKER, catalog=extended).decode(body(frame))
+    assert decoded == Request(1, Spawn())
+    with pytest.raises(ValueError, match="two message types named 'ack'"):
+        catalog(*MESSAGES, Ack)
+    assert set(CATALOG) == {kind.TYPE for kind in MESSAGES}
+
+
+@pytest.mark.parametrize(
+    ("text", "hello", "refusal"),
+    [
+        (b'{"host":"algo-2","type":"hello","version":2}', Hello("algo-2", 2), None),
+        # the first protocol sent no version
+        (b'{"host":"algo-2","type":"hello"}', Hello("algo-2", 1),
+         "protocol version 1 on algo-2, 2 on the master"),
+        # a later version may say more, or less: it is refused for its version, by name
+        (b'{"host":"algo-2","type":"hello","version":3,"rank":0}', Hello("algo-2", 3),
+         "protocol version 3 on algo-2, 2 on the master"),
+        (b'{"type":"hello","version":3}', Hello("", 3),
+         "protocol version 3 on the worker, 2 on the master"),
+    ],
+)  # fmt: skip
+def test_hello_carries_the_protocol_version(text, hello, refusal):
+    assert PROTOCOL_VERSION == 2
+    decoded = message_from_json(text)
+    assert decoded == hello
+    assert version_refusal(decoded) == refusal
 
 
 def test_oversized_and_short_frames_are_refused():
