@@ -23,6 +23,8 @@ from typing import Any
 
 from sagemaker_training import params
 
+from entrypoint import names
+
 # Hyperparameters that belong to the entry point and are not passed to the training program.
 RANKS_PER_HOST = "ranks_per_host"
 HOST_WAIT_TIMEOUT = "host_wait_timeout"
@@ -91,17 +93,17 @@ class Backend(enum.Enum):
     """How the program runs across the hosts."""
 
     # One mpirun over every host (the default, and distribution={"mpi": {"enabled": True}}).
-    MPI = "mpi"
+    MPI = names.MPI_BACKEND
     # sagemaker_mpi_enabled=false: the toolkit's meaning, the program once per host (no
     # mpirun across hosts); the master gathers every host's exit code over the coordination
     # channel, so one host failing still fails the whole job.
-    PER_HOST = "per_host"
+    PER_HOST = names.PER_HOST_BACKEND
     # tf.distribute.MultiWorkerMirroredStrategy over TF_CONFIG: one process per host, every host
     # a worker; like PER_HOST, every host reports its exit code and any failure fails the job.
-    MULTI_WORKER_MIRRORED = "multi_worker_mirrored"
+    MULTI_WORKER_MIRRORED = names.MULTI_WORKER_MIRRORED_BACKEND
     # tf.distribute.ParameterServerStrategy over TF_CONFIG: a chief on the first host, a worker
     # and a ps on every host; the chief's program ending is the job's end (protocol.chief_verdict).
-    PARAMETER_SERVER = "parameter_server"
+    PARAMETER_SERVER = names.PARAMETER_SERVER_BACKEND
 
     @property
     def needs_ssh(self) -> bool:

@@ -7,15 +7,15 @@ from __future__ import annotations
 
 import enum
 import os
-import signal
 import tempfile
 from pathlib import Path
+
+from entrypoint.names import STOPPED_EXIT_CODE
 
 # SageMaker keeps the first 1024 characters of FailureReason; mpi-operator caps its event
 # messages at the same length (eventMessageLimit = 1024).
 MESSAGE_LIMIT = 1024
-# What a stopped job (SIGTERM) exits with on every host: 128 + SIGTERM, as a shell reports it.
-STOPPED_EXIT_CODE = 128 + signal.SIGTERM
+__all__ = ["MESSAGE_LIMIT", "STOPPED_EXIT_CODE", "Reason", "format_failure", "parse_failure"]
 
 
 class Reason(enum.Enum):

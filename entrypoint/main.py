@@ -29,6 +29,7 @@ from entrypoint.contract import (
 from entrypoint.coordination import MasterChannel, WorkerChannel
 from entrypoint.failure import Reason, format_failure, record_failure
 from entrypoint.launchers import LocalPart, MpirunPart, OrtedPart, ProgramPart, TaskGroupPart
+from entrypoint.names import EXIT_LINE, ML_ROOT_ENV
 from entrypoint.plan import (
     JobPlan,
     build_mpirun_argv,
@@ -288,11 +289,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"usage: train (no arguments; got {' '.join(args)})", file=sys.stderr)
         return 64
     env = dict(os.environ)
-    paths = ContractPaths(Path(env.get("SM_HVD_ML_ROOT", "/opt/ml")))
+    paths = ContractPaths(Path(env.get(ML_ROOT_ENV, "/opt/ml")))
     configure_logging(env.get("SM_CURRENT_HOST", "?"), "starting")
     code = _run_reporting_failures(env, paths)
     # The last line of every host's log: when this host was done, and with what.
-    log.info("exiting with code %d", code)
+    log.info("%s %d", EXIT_LINE, code)
     return code
 
 

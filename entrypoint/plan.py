@@ -17,16 +17,11 @@ from sagemaker_training import mapping
 
 from entrypoint import tf_config
 from entrypoint.contract import Backend, BuiltinProgram, Contract, ContractError, UserScript
+from entrypoint.names import BACKEND_ENV, JOB_SECRET_ENV, OLD_JOB_SECRET_ENV
 
-# Tells the built-in model which backend runs it (model/collective.py picks Horovod or
-# tf.distribute's MultiWorkerMirroredStrategy from it); Backend values.
-BACKEND_ENV = "SM_HVD_BACKEND"
 # TensorFlow's parameter-server guide: workers and ps fail an RPC at once when a peer is gone,
 # instead of retrying it forever.
 _PS_DEFAULTS = {"GRPC_FAIL_FAST": "use_caller"}
-
-# The launcher's per-job secret for the ssh keys; never forwarded to ranks, never logged.
-SSH_SEED_ENV = "SM_HVD_SSH_SEED"
 
 # Flags for every job. ob1 + TCP is what works over SageMaker's ENA and Docker networks alike.
 _OMPI_FLAGS: tuple[str, ...] = (
@@ -81,7 +76,8 @@ _FORWARD_PREFIXES = ("SM_", "HOROVOD_", "NCCL_", "TF_", "OMP_", "KMP_", "GLOO_",
 # current_host too. CUDA_VISIBLE_DEVICES is per host, as in Horovod's env filter.
 _NEVER_FORWARD = re.compile(
     r"^(SM_CURRENT_HOST|SM_CURRENT_INSTANCE_TYPE|SM_CURRENT_INSTANCE_GROUP"
-    r"|SM_CURRENT_INSTANCE_GROUP_HOSTS|SM_TRAINING_ENV|SM_HVD_SSH_SEED|.*CUDA_VISIBLE_DEVICES"
+    r"|SM_CURRENT_INSTANCE_GROUP_HOSTS|SM_TRAINING_ENV|SM_HVD_JOB_SECRET|SM_HVD_SSH_SEED"
+    r"|.*CUDA_VISIBLE_DEVICES"
     r"|BASH_FUNC_.*|OLDPWD)$"
 )
 
@@ -241,7 +237,8 @@ def rank_environment(
     env.setdefault("HOROVOD_GLOO_IFACE", interface)
     for name, value in _HOROVOD_DEFAULTS.items():
         env.setdefault(name, value)
-    env.pop(SSH_SEED_ENV, None)
+    for secret in (JOB_SECRET_ENV, OLD_JOB_SECRET_ENV):
+        env.pop(secret, None)
     return env
 
 

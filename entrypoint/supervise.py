@@ -31,6 +31,7 @@ from entrypoint.failure import (
     record_failure,
 )
 from entrypoint.launchers import KILL_WAIT_S, LocalPart, terminate
+from entrypoint.names import MASTER_SILENCE_LINE, WORKER_SILENCE_LINE
 from entrypoint.plan import JobPlan
 from entrypoint.protocol import (
     Exited,
@@ -394,7 +395,7 @@ def run_master(
             verdict = Verdict(exit_code, failure_line)
             for host in channel.send_verdict(verdict, VERDICT_ACK_TIMEOUT_S):
                 log.warning("could not tell %s the job's result (it is gone)", host)
-            log.info("longest silence of a live worker: %.1f s", channel.longest_silence_s)
+            log.info("%s: %.1f s", WORKER_SILENCE_LINE, channel.longest_silence_s)
         return exit_code
     finally:
         part.end()
@@ -467,7 +468,7 @@ def run_worker(
         _record(config.output_dir, failure, plan.current_host)
         return failure.exit_code
     finally:
-        log.info("longest silence of the master: %.1f s", channel.longest_silence_s)
+        log.info("%s: %.1f s", MASTER_SILENCE_LINE, channel.longest_silence_s)
 
 
 def master_arrival_deadline(config: ShellConfig) -> float:

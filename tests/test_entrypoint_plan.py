@@ -81,6 +81,7 @@ def test_user_script_runs_in_the_code_dir():
         ("SM_CURRENT_INSTANCE_TYPE", False),
         ("SM_TRAINING_ENV", False),
         ("SM_HVD_SSH_SEED", False),
+        ("SM_HVD_JOB_SECRET", False),
         ("CUDA_VISIBLE_DEVICES", False),
         ("HOME", False),
         ("HOSTNAME", False),
@@ -94,9 +95,15 @@ def test_is_exportable(name, exportable):
 
 def test_rank_environment_adds_defaults_and_drops_the_secret():
     plan = make_plan(contract(), gpu_count=0)
-    base = {"PATH": "/bin", "SM_HVD_SSH_SEED": "s3cret", "NCCL_SOCKET_IFNAME": "ens5"}
+    base = {
+        "PATH": "/bin",
+        "SM_HVD_SSH_SEED": "s3cret",
+        "SM_HVD_JOB_SECRET": "s3cret",
+        "NCCL_SOCKET_IFNAME": "ens5",
+    }
     env = rank_environment(base, {"SM_HOSTS": '["algo-1","algo-2"]'}, plan)
     assert "SM_HVD_SSH_SEED" not in env
+    assert "SM_HVD_JOB_SECRET" not in env
     assert env["NCCL_SOCKET_IFNAME"] == "ens5"  # the user's value wins
     assert env["HOROVOD_GLOO_IFACE"] == "eth1"
     assert env["HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"] == "300"
