@@ -90,7 +90,8 @@ class ContractError(ValueError):
 
 
 class Backend(enum.Enum):
-    """How the program runs across the hosts."""
+    """How the user asked the program to run across the hosts (the SDK's distribution); what
+    that means for the processes is the plan's Launch (plan.make_plan)."""
 
     # One mpirun over every host (the default, and distribution={"mpi": {"enabled": True}}).
     MPI = names.MPI_BACKEND
@@ -102,26 +103,8 @@ class Backend(enum.Enum):
     # a worker; like PER_HOST, every host reports its exit code and any failure fails the job.
     MULTI_WORKER_MIRRORED = names.MULTI_WORKER_MIRRORED_BACKEND
     # tf.distribute.ParameterServerStrategy over TF_CONFIG: a chief on the first host, a worker
-    # and a ps on every host; the chief's program ending is the job's end (protocol.chief_verdict).
+    # and a ps on every host; the chief's program ending is the job's end (VerdictRule.CHIEF).
     PARAMETER_SERVER = names.PARAMETER_SERVER_BACKEND
-
-    @property
-    def needs_ssh(self) -> bool:
-        return self is Backend.MPI
-
-    @property
-    def workers_report_exit(self) -> bool:
-        return self is not Backend.MPI
-
-    @property
-    def uses_tf_config(self) -> bool:
-        return self in (Backend.MULTI_WORKER_MIRRORED, Backend.PARAMETER_SERVER)
-
-    @property
-    def chief_decides(self) -> bool:
-        """The job ends when the chief's program ends (parameter servers never end on their
-        own: server.join() blocks forever, tensorflow#25858)."""
-        return self is Backend.PARAMETER_SERVER
 
 
 @dataclasses.dataclass(frozen=True)

@@ -30,7 +30,7 @@ import hashlib
 import hmac
 import json
 import struct
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from cryptography.hazmat.primitives import hashes
@@ -285,31 +285,61 @@ def suspect_peers(silences: Mapping[str, float], suspect_after_s: float) -> list
     return sorted(suspects, key=lambda host: (-silences[host], host))
 
 
-def per_host_verdict(
-    hosts: tuple[str, ...], exits: Mapping[str, Exited], *, stopping: bool = False
+def first_decisive(
+    codes: Mapping[str, int | None], order: Sequence[str], chief: str | None = None
+) -> tuple[str | None, int] | None:
+    """The rule shared by a host's tasks and by the job's hosts: the first failure in `order`
+    decides (name, code); else the chief ending with 0 is success (None, 0); else everyone ending
+    with 0 is; else nothing is decided yet (None)."""
+    for name in order:
+        code = codes.get(name)
+        if code is not None and code != 0:
+            return name, code
+    if chief is not None and codes.get(chief) == 0:
+        return None, 0
+    if all(codes.get(name) == 0 for name in order):
+        return None, 0
+    return None
+
+
+def host_verdict(
+    hosts: tuple[str, ...],
+    exits: Mapping[str, Exited],
+    *,
+    chief: str | None = None,
+    stopping: bool = False,
 ) -> Verdict | None:
-    """Where every host runs its own part. None while undecided.
+    """Where every host reports how its part ended. None while undecided.
 
     - Stopping (SIGTERM): every part gets its grace period to checkpoint, so nothing is decided
       before every host's part ended; then the job was stopped (143), whatever the codes.
     - Otherwise the first failure (in host order) fails the job at once, with that host's
-      failure line; success needs every host's part to have ended with 0.
+      failure line; success needs every host's part to have ended with 0, or, with a `chief`,
+      the chief host's part (tf.distribute's parameter servers: the worker and ps servers block
+      in server.join() forever and are stopped by the entry points).
     """
     if stopping:
         if all(host in exits for host in hosts):
             return Verdict(STOPPED_EXIT_CODE, format_failure(Reason.STOPPED, "stopped by SIGTERM"))
         return None
-    for host in hosts:
-        result = exits.get(host)
-        if result is not None and result.exit_code != 0:
-            failure = result.failure or format_failure(
-                Reason.TRAINING_FAILED,
-                f"the program exited with code {result.exit_code} (on {host})",
-            )
-            return Verdict(result.exit_code, failure)
-    if all(host in exits for host in hosts):
+    codes = {host: result.exit_code for host, result in exits.items()}
+    decisive = first_decisive(codes, hosts, chief)
+    if decisive is None:
+        return None
+    host, code = decisive
+    if host is None:
         return Verdict(0)
-    return None
+    failure = exits[host].failure or format_failure(
+        Reason.TRAINING_FAILED, f"the program exited with code {code} (on {host})"
+    )
+    return Verdict(code, failure)
+
+
+def per_host_verdict(
+    hosts: tuple[str, ...], exits: Mapping[str, Exited], *, stopping: bool = False
+) -> Verdict | None:
+    """Every host's part counts alike (host_verdict without a chief)."""
+    return host_verdict(hosts, exits, stopping=stopping)
 
 
 def chief_verdict(
@@ -319,19 +349,5 @@ def chief_verdict(
     *,
     stopping: bool = False,
 ) -> Verdict | None:
-    """Where the chief's program ends the job (tf.distribute's parameter servers: the worker
-    and ps servers block in server.join() forever and are stopped by the entry points).
-    None while undecided.
-
-    - Stopping, or any host's part failed: as per_host_verdict (every part ends under SIGTERM;
-      the first failure in host order fails the job at once).
-    - Otherwise the chief host's part ending with 0 is the job's success, whatever the other
-      hosts' servers are still doing.
-    """
-    undecided = per_host_verdict(hosts, exits, stopping=stopping)
-    if undecided is not None or stopping:
-        return undecided
-    chief = exits.get(chief_host)
-    if chief is not None and chief.exit_code == 0:
-        return Verdict(0)
-    return None
+    """The chief host's success ends the job (host_verdict with a chief)."""
+    return host_verdict(hosts, exits, chief=chief_host, stopping=stopping)

@@ -20,8 +20,8 @@ from entrypoint.contract import (
     parse_custom_mpi_options,
     read_contract,
 )
-from entrypoint.main import failed_requirement, last_error_line
 from entrypoint.plan import make_plan
+from entrypoint.usercode import failed_requirement, last_error_line
 
 RESOURCE = {
     "current_host": "algo-2",

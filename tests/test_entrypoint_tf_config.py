@@ -13,9 +13,18 @@ import pytest
 from entrypoint.contract import Backend, ContractError, parse_contract
 from entrypoint.failure import STOPPED_EXIT_CODE
 from entrypoint.launchers import ProgramPart, TaskGroupPart
-from entrypoint.plan import BACKEND_ENV, host_tasks, make_plan, task_environment
+from entrypoint.plan import (
+    BACKEND_ENV,
+    MpiLaunch,
+    ProcessesLaunch,
+    VerdictRule,
+    host_tasks,
+    make_plan,
+    task_environment,
+)
 from entrypoint.protocol import Exited, Verdict, chief_verdict
 from entrypoint.tf_config import (
+    TF_CONFIG_ENV,
     Task,
     TaskType,
     mwms_cluster,
@@ -145,13 +154,16 @@ def test_mwms_on_one_host_and_one_rank_are_fine():
 
 
 def test_strategies_need_no_ssh_and_report_exits():
-    for backend in (Backend.MULTI_WORKER_MIRRORED, Backend.PARAMETER_SERVER):
-        assert not backend.needs_ssh
-        assert backend.workers_report_exit
-        assert backend.uses_tf_config
-    assert Backend.PARAMETER_SERVER.chief_decides
-    assert not Backend.MULTI_WORKER_MIRRORED.chief_decides
-    assert not Backend.MPI.uses_tf_config
+    for hyperparameters in ({MWMS: "true"}, {PS: "true", "sagemaker_program": "ps.py"}):
+        launch = make_plan(parse(hyperparameters), gpu_count=0).launch
+        assert isinstance(launch, ProcessesLaunch)
+        assert not launch.runs_sshd
+        assert launch.worker_reports_exit
+        assert all(TF_CONFIG_ENV in process.env for process in launch.processes)
+    ps = make_plan(parse({PS: "true", "sagemaker_program": "ps.py"}), gpu_count=0).launch
+    assert ps.verdict is VerdictRule.CHIEF
+    assert make_plan(parse({MWMS: "true"}), gpu_count=0).launch.verdict is VerdictRule.EVERY_HOST
+    assert isinstance(make_plan(parse({}), gpu_count=0).launch, MpiLaunch)
 
 
 # --------------------------------------------------------------------------------------------
