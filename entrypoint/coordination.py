@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
+from entrypoint.failure import Failure
 from entrypoint.protocol import (
     HEADER_BYTES,
     NONCE_BYTES,
@@ -424,7 +425,7 @@ class WorkerChannel:
         with self._lock:
             return self._lost
 
-    def send_exited(self, exit_code: int, failure: str | None) -> None:
+    def send_exited(self, exit_code: int, failure: Failure | None) -> None:
         self._thread.call(lambda: self._send(Exited(exit_code, failure)))
 
     def close(self) -> None:

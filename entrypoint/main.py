@@ -25,7 +25,7 @@ from entrypoint.contract import (
     UserScript,
     read_contract,
 )
-from entrypoint.failure import Reason, format_failure, record_failure
+from entrypoint.failure import Failure, Reason, record_failure
 from entrypoint.names import EXIT_LINE, ML_ROOT_ENV
 from entrypoint.plan import JobPlan, format_command, make_plan, require_channel
 from model.hparams import parse_hyperparameters
@@ -156,12 +156,15 @@ def _run_reporting_failures(env: Mapping[str, str], paths: ContractPaths) -> int
     try:
         return run(env, paths)
     except ContractError as error:
-        log.error("%s", format_failure(Reason.BAD_INPUT, str(error)))
-        record_failure(paths.output_dir, Reason.BAD_INPUT, str(error))
+        failure = Failure(Reason.BAD_INPUT, str(error))
+        log.error("%s", failure.line)
+        record_failure(paths.output_dir, failure)
         return 1
     except Exception as error:
         log.exception("entry point failed")
-        record_failure(paths.output_dir, Reason.INTERNAL, f"{type(error).__name__}: {error}")
+        record_failure(
+            paths.output_dir, Failure(Reason.INTERNAL, f"{type(error).__name__}: {error}")
+        )
         return 1
 
 

@@ -11,8 +11,8 @@ One TCP connection per worker, opened by the worker to the master:
     worker -> master   Hello {host}                      \
     both ways          Heartbeat every HEARTBEAT_INTERVAL_S  |  authenticated with the
     master -> worker   Start (every worker said Hello)    |  connection's session key
-    worker -> master   Exited {code, failure}             |
-    master -> worker   Verdict {code, failure}            |
+    worker -> master   Exited {code, failure}             |  (a failure: {reason,
+    master -> worker   Verdict {code, failure}            |   message, host} or null)
     worker -> master   Ack                               /
 
 Frame: 4-byte big-endian length, then a 32-byte HMAC-SHA256 tag, then a JSON object. The tag
@@ -36,7 +36,7 @@ from typing import Any
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from entrypoint.failure import STOPPED_EXIT_CODE, Reason, format_failure
+from entrypoint.failure import STOPPED_EXIT_CODE, Failure, Reason
 
 PROTOCOL_VERSION = 1
 NONCE_BYTES = 16
@@ -102,15 +102,16 @@ class Exited:
     """A worker's local part of the job ended (launchers where every host runs processes)."""
 
     exit_code: int
-    failure: str | None = None
+    failure: Failure | None = None
 
 
 @dataclasses.dataclass(frozen=True)
 class Verdict:
-    """The job's outcome, decided by the master: every host exits with `exit_code`."""
+    """The job's outcome, decided by the master: every host exits with `exit_code`, and records
+    `failure` where there is one."""
 
     exit_code: int
-    failure: str | None = None
+    failure: Failure | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,8 +137,16 @@ ALLOWED = {
 }
 
 
+def _failure_to_json(failure: Failure | None) -> dict[str, Any] | None:
+    if failure is None:
+        return None
+    return {"reason": failure.reason.value, "message": failure.message, "host": failure.host}
+
+
 def message_to_json(message: Message) -> bytes:
     body: dict[str, Any] = {"type": _NAMES[type(message)], **dataclasses.asdict(message)}
+    if isinstance(message, Exited | Verdict):
+        body["failure"] = _failure_to_json(message.failure)
     return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
 
 
@@ -152,6 +161,25 @@ def _optional_text(value: object, name: str) -> str | None:
     if value is not None and not isinstance(value, str):
         raise ProtocolError(f"{name} must be a string or null")
     return value
+
+
+_FAILURE_FIELDS = frozenset({"reason", "message", "host"})
+
+
+def _failure(value: object) -> Failure | None:
+    """A failure's fields: a reason of the closed set, a message, the host it happened on."""
+    if value is None:
+        return None
+    if not isinstance(value, dict) or set(value) != _FAILURE_FIELDS:
+        raise ProtocolError(f"a failure must be null or an object of {sorted(_FAILURE_FIELDS)}")
+    try:
+        reason = Reason(value["reason"])
+    except ValueError:
+        raise ProtocolError(f"unknown failure reason {value['reason']!r}") from None
+    message = value["message"]
+    if not isinstance(message, str):
+        raise ProtocolError("a failure's message must be a string")
+    return Failure(reason, message, _optional_text(value["host"], "a failure's host"))
 
 
 def message_from_json(data: bytes) -> Message:
@@ -173,9 +201,7 @@ def message_from_json(data: bytes) -> Message:
             raise ProtocolError("Hello without a host name")
         return Hello(host)
     if kind in (Exited, Verdict):
-        return kind(
-            _exit_code(body.get("exit_code")), _optional_text(body.get("failure"), "failure")
-        )
+        return kind(_exit_code(body.get("exit_code")), _failure(body.get("failure")))
     return kind()
 
 
@@ -314,13 +340,13 @@ def host_verdict(
     - Stopping (SIGTERM): every part gets its grace period to checkpoint, so nothing is decided
       before every host's part ended; then the job was stopped (143), whatever the codes.
     - Otherwise the first failure (in host order) fails the job at once, with that host's
-      failure line; success needs every host's part to have ended with 0, or, with a `chief`,
+      failure; success needs every host's part to have ended with 0, or, with a `chief`,
       the chief host's part (tf.distribute's parameter servers: the worker and ps servers block
       in server.join() forever and are stopped by the entry points).
     """
     if stopping:
         if all(host in exits for host in hosts):
-            return Verdict(STOPPED_EXIT_CODE, format_failure(Reason.STOPPED, "stopped by SIGTERM"))
+            return Verdict(STOPPED_EXIT_CODE, Failure(Reason.STOPPED, "stopped by SIGTERM"))
         return None
     codes = {host: result.exit_code for host, result in exits.items()}
     decisive = first_decisive(codes, hosts, chief)
@@ -329,8 +355,8 @@ def host_verdict(
     host, code = decisive
     if host is None:
         return Verdict(0)
-    failure = exits[host].failure or format_failure(
-        Reason.TRAINING_FAILED, f"the program exited with code {code} (on {host})"
+    failure = exits[host].failure or Failure(
+        Reason.TRAINING_FAILED, f"the program exited with code {code}", host
     )
     return Verdict(code, failure)
 

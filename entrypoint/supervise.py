@@ -28,9 +28,8 @@ from pathlib import Path
 from entrypoint.coordination import MasterChannel, WorkerChannel
 from entrypoint.failure import (
     STOPPED_EXIT_CODE,
+    Failure,
     Reason,
-    format_failure,
-    parse_failure,
     record_failure,
 )
 from entrypoint.launchers import KILL_WAIT_S, LocalPart, local_part, terminate
@@ -61,15 +60,15 @@ SSH_RETRY_S = 0.2
 class JobError(Exception):
     """A failure with a reason: written to the failure file, then the entry point exits."""
 
-    def __init__(
-        self, reason: Reason, message: str, exit_code: int = 1, *, located: bool = False
-    ) -> None:
+    def __init__(self, reason: Reason, message: str, exit_code: int = 1) -> None:
         super().__init__(message)
         self.reason = reason
         self.message = message
         self.exit_code = exit_code
-        # The message already names the host it happened on (a worker's reported failure).
-        self.located = located
+
+    def failure_on(self, host: str) -> Failure:
+        """The failure as it happened on `host` (this one)."""
+        return Failure(self.reason, self.message, host)
 
 
 class Clock:
@@ -107,11 +106,6 @@ class Sshd:
         argv = [SSHD, "-D", "-e", "-o", f"SetEnv=SM_CURRENT_HOST={current_host}"]
         log.info("starting sshd")
         self._process = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
-
-    def check_alive(self) -> None:
-        code = self._process.poll()
-        if code is not None:
-            raise JobError(Reason.INTERNAL, f"sshd exited with code {code}")
 
     def stop(self) -> None:
         terminate(self._process)
@@ -240,16 +234,15 @@ def _unready_message(
 # Master
 
 
-def _part_failure(host: str, part: LocalPart, exit_code: int) -> str | None:
-    """The failure line for a local part that ended with `exit_code` (None for success)."""
+def _part_failure(host: str, part: LocalPart, exit_code: int) -> Failure | None:
+    """The failure of a local part that ended with `exit_code` (None for success)."""
     if exit_code == 0:
         return None
     detail = part.failure_detail()
-    return format_failure(
+    return Failure(
         Reason.TRAINING_FAILED,
-        f"the program exited with code {exit_code}"
-        + (f"; last error: {detail}" if detail else "")
-        + f" (on {host})",
+        f"the program exited with code {exit_code}" + (f"; last error: {detail}" if detail else ""),
+        host,
     )
 
 
@@ -260,13 +253,6 @@ def _mpirun_failure(part: LocalPart, exit_code: int) -> JobError:
         f"mpirun exited with code {exit_code}" + (f"; last error: {detail}" if detail else ""),
         exit_code,
     )
-
-
-def _error_from_verdict(verdict: Verdict) -> JobError | None:
-    if verdict.exit_code == 0:
-        return None
-    reason, message = parse_failure(verdict.failure or "")
-    return JobError(reason, message, verdict.exit_code, located=True)
 
 
 class _Grace:
@@ -344,8 +330,9 @@ def _supervise_master(
     channel: MasterChannel | None,
     config: ShellConfig,
     stop: threading.Event,
-) -> JobError | None:
-    """Until the job's outcome is known; returns why it failed, or None."""
+) -> Verdict:
+    """Until the job's outcome is known: the verdict of the launch's rule, or a JobError for
+    what failed here (a lost host, mpirun's failure, a stop past its grace period)."""
     clock = config.clock
     grace = _Grace(stop, part, config.sigterm_grace_s, clock)
     rule = plan.launch.verdict
@@ -354,10 +341,13 @@ def _supervise_master(
         code = part.poll()
         lost = channel.lost() if channel else {}
         if lost:
-            return _host_lost(lost)
+            raise _host_lost(lost)
         if rule is VerdictRule.MASTER_PART:
             if code is not None:
-                return _mpirun_outcome(code, part, channel, stop, clock)
+                error = _mpirun_outcome(code, part, channel, stop, clock)
+                if error is not None:
+                    raise error
+                return Verdict(0)
         else:
             exits = channel.exits() if channel else {}
             if code is not None:
@@ -365,10 +355,10 @@ def _supervise_master(
                 exits[plan.current_host] = Exited(code, own_failure)
             verdict = host_verdict(plan.hosts, exits, chief=chief, stopping=stop.is_set())
             if verdict is not None:
-                return _error_from_verdict(verdict)
+                return verdict
         if grace.check():
             log.warning("still running after the grace period: ending the job")
-            return JobError(Reason.STOPPED, "stopped by SIGTERM", STOPPED_EXIT_CODE)
+            raise JobError(Reason.STOPPED, "stopped by SIGTERM", STOPPED_EXIT_CODE)
         clock.wait(stop, POLL_INTERVAL_S)
 
 
@@ -402,32 +392,20 @@ def run_master(
                 format_command(list(plan.command)),
             )
             part.start()
-            failure = _supervise_master(plan, part, channel, config, stop)
+            verdict = _supervise_master(plan, part, channel, config, stop)
         except JobError as error:
-            failure = error
-        exit_code = 0 if failure is None else failure.exit_code
-        failure_line = (
-            None if failure is None else _record(config.output_dir, failure, plan.current_host)
-        )
+            verdict = Verdict(error.exit_code, error.failure_on(plan.current_host))
+        if verdict.failure is not None:
+            log.error("%s", verdict.failure.line)
+            # Every host records the failure that won here (a rank's own may have come first).
+            verdict = Verdict(verdict.exit_code, record_failure(config.output_dir, verdict.failure))
         if channel is not None:
-            verdict = Verdict(exit_code, failure_line)
             for host in channel.send_verdict(verdict, VERDICT_ACK_TIMEOUT_S):
                 log.warning("could not tell %s the job's result (it is gone)", host)
             log.info("%s: %.1f s", WORKER_SILENCE_LINE, channel.longest_silence_s)
-        return exit_code
+        return verdict.exit_code
     finally:
         part.end()
-
-
-def _record(output_dir: Path, failure: JobError, host: str) -> str:
-    """Write the failure file (the first cause wins) and return the line now in it."""
-    message = failure.message if failure.located else f"{failure.message} (on {host})"
-    log.error("%s", format_failure(failure.reason, message))
-    record_failure(output_dir, failure.reason, message)
-    try:
-        return (output_dir / "failure").read_text(encoding="utf-8").strip()
-    except OSError:
-        return format_failure(failure.reason, message)
 
 
 # --------------------------------------------------------------------------------------------
@@ -452,9 +430,8 @@ def _supervise_worker(
         if verdict is not None:
             part.end()
             log.info("master %s reports exit code %d", plan.master_host, verdict.exit_code)
-            if verdict.exit_code != 0 and verdict.failure:
-                reason, message = parse_failure(verdict.failure)
-                record_failure(config.output_dir, reason, message)
+            if verdict.exit_code != 0 and verdict.failure is not None:
+                record_failure(config.output_dir, verdict.failure)
             return verdict.exit_code
         if channel.lost is not None:
             part.end()
@@ -484,9 +461,11 @@ def run_worker(
     """A worker's whole life after the contract was read: returns the master's verdict."""
     try:
         return _supervise_worker(plan, part, channel, config, stop)
-    except JobError as failure:
-        _record(config.output_dir, failure, plan.current_host)
-        return failure.exit_code
+    except JobError as error:
+        failure = error.failure_on(plan.current_host)
+        log.error("%s", failure.line)
+        record_failure(config.output_dir, failure)
+        return error.exit_code
     finally:
         log.info("%s: %.1f s", MASTER_SILENCE_LINE, channel.longest_silence_s)
 

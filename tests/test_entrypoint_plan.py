@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from entrypoint.contract import parse_contract
-from entrypoint.failure import MESSAGE_LIMIT, Reason, format_failure, record_failure
+from entrypoint.failure import MESSAGE_LIMIT, Failure, Reason, format_failure, record_failure
 from entrypoint.launchers import MpirunPart, OrtedPart, ProgramPart, TaskGroupPart, local_part
 from entrypoint.plan import (
     MpiLaunch,
@@ -138,9 +138,13 @@ def test_failure_line_is_one_capped_line(tmp_path):
     assert line.startswith("BadInput: a b x")
     assert len(line) == MESSAGE_LIMIT
     assert "\n" not in line
-    assert record_failure(tmp_path, Reason.HOST_LOST, "first")
-    assert not record_failure(tmp_path, Reason.TRAINING_FAILED, "second")
-    assert (tmp_path / "failure").read_text() == "HostLost: first\n"
+    first = Failure(Reason.HOST_LOST, "first", "algo-1")
+    assert record_failure(tmp_path, first) == first
+    # The second learns which failure won, as the file holds it.
+    won = record_failure(tmp_path, Failure(Reason.TRAINING_FAILED, "second", "algo-2"))
+    assert won == Failure(Reason.HOST_LOST, "first (on algo-1)")
+    assert won.line == first.line
+    assert (tmp_path / "failure").read_text() == "HostLost: first (on algo-1)\n"
     assert [p.name for p in tmp_path.iterdir()] == ["failure"]
 
 

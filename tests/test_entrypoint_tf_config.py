@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from entrypoint.contract import Backend, ContractError, parse_contract
-from entrypoint.failure import STOPPED_EXIT_CODE
+from entrypoint.failure import STOPPED_EXIT_CODE, Failure, Reason
 from entrypoint.launchers import ProgramPart, TaskGroupPart
 from entrypoint.plan import (
     BACKEND_ENV,
@@ -199,7 +199,9 @@ def test_task_environment():
 # --------------------------------------------------------------------------------------------
 # The chief decides (parameter servers)
 
-FAILED_2 = Exited(1, "TrainingFailed: the program exited with code 1; last error: task ps:1")
+FAILED_2 = Exited(
+    1, Failure(Reason.TRAINING_FAILED, "the program exited with code 1; last error: task ps:1")
+)
 
 
 @pytest.mark.parametrize(
@@ -216,7 +218,7 @@ FAILED_2 = Exited(1, "TrainingFailed: the program exited with code 1; last error
         (
             {"algo-1": Exited(143), "algo-2": Exited(143), "algo-3": Exited(0)},
             True,
-            Verdict(STOPPED_EXIT_CODE, "Stopped: stopped by SIGTERM"),
+            Verdict(STOPPED_EXIT_CODE, Failure(Reason.STOPPED, "stopped by SIGTERM")),
         ),
     ],
 )
