@@ -157,6 +157,11 @@ class MpiLaunch:
     worker_starts_on_start: ClassVar[bool] = False
     verdict: ClassVar[VerdictRule] = VerdictRule.MASTER_PART
 
+    @property
+    def command(self) -> tuple[str, ...]:
+        """The command the log shows."""
+        return self.argv
+
 
 @dataclasses.dataclass(frozen=True)
 class HostProcess:
@@ -186,6 +191,11 @@ class ProcessesLaunch:
     ssh_check: ClassVar[bool] = False
     worker_reports_exit: ClassVar[bool] = True
     worker_starts_on_start: ClassVar[bool] = True
+
+    @property
+    def command(self) -> tuple[str, ...]:
+        """The command the log shows: the first process' (tf.distribute's tasks share one)."""
+        return self.processes[0].argv
 
 
 # One value per way of launching; launchers.local_part turns it into this host's LocalPart.
@@ -307,11 +317,10 @@ def make_plan(
     sm_env = sagemaker_environment(contract, gpu_count=gpu_count, cpu_count=cpu_count)
     environment = rank_environment(base, sm_env, shape)
     launch = build(shape, environment)
-    command = launch.argv if isinstance(launch, MpiLaunch) else shape.program_argv
     return JobPlan(
         **{field.name: getattr(shape, field.name) for field in dataclasses.fields(JobShape)},
         environment=environment,
-        command=command,
+        command=launch.command,
         launch=launch,
     )
 

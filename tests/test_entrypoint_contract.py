@@ -21,7 +21,6 @@ from entrypoint.contract import (
     read_contract,
 )
 from entrypoint.plan import make_plan
-from entrypoint.usercode import failed_requirement, last_error_line
 
 RESOURCE = {
     "current_host": "algo-2",
@@ -355,26 +354,3 @@ def test_toolkit_hyperparameter_errors_are_one_line(hyperparameters, message):
     text = str(raised.value)
     assert text.startswith(f"{Path('/opt/ml/input/config/hyperparameters.json')}: {message}")
     assert "\n" not in text
-
-
-# --- script mode: requirements.txt, pip's output
-
-
-@pytest.mark.parametrize(
-    ("output", "package"),
-    [
-        ("ERROR: Could not find a version that satisfies the requirement nosuchpkg==1.0 "
-         "(from versions: none)\nERROR: No matching distribution found for nosuchpkg==1.0\n",
-         "nosuchpkg==1.0"),
-        ("  error: subprocess-exited-with-error\nERROR: Failed to build badwheel\n", "badwheel"),
-        ("ERROR: Invalid requirement: '!!'\n", None),
-    ],
-)  # fmt: skip
-def test_failed_requirement_names_the_package(output, package):
-    assert failed_requirement(output) == package
-
-
-def test_last_error_line():
-    assert last_error_line("a\nERROR: first\nb\nERROR: second\nc\n") == "ERROR: second"
-    assert last_error_line("just\nlines\n") == "lines"
-    assert last_error_line("") == "(no output)"

@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 
 from entrypoint.contract import parse_contract
-from entrypoint.failure import MESSAGE_LIMIT, Failure, Reason, format_failure, record_failure
 from entrypoint.launchers import MpirunPart, OrtedPart, ProgramPart, TaskGroupPart, local_part
 from entrypoint.plan import (
     MpiLaunch,
@@ -131,21 +130,6 @@ def test_sagemaker_environment_matches_the_toolkit_names():
     assert env["SM_NUM_CPUS"] == "2"
     assert env["SM_USER_ARGS"] == '["--epochs","2"]'
     assert "SM_HP_RANKS_PER_HOST" not in env
-
-
-def test_failure_line_is_one_capped_line(tmp_path):
-    line = format_failure(Reason.BAD_INPUT, "a\nb " + "x" * 5000)
-    assert line.startswith("BadInput: a b x")
-    assert len(line) == MESSAGE_LIMIT
-    assert "\n" not in line
-    first = Failure(Reason.HOST_LOST, "first", "algo-1")
-    assert record_failure(tmp_path, first) == first
-    # The second learns which failure won, as the file holds it.
-    won = record_failure(tmp_path, Failure(Reason.TRAINING_FAILED, "second", "algo-2"))
-    assert won == Failure(Reason.HOST_LOST, "first (on algo-1)")
-    assert won.line == first.line
-    assert (tmp_path / "failure").read_text() == "HostLost: first (on algo-1)\n"
-    assert [p.name for p in tmp_path.iterdir()] == ["failure"]
 
 
 @pytest.mark.parametrize(
