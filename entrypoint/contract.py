@@ -357,14 +357,14 @@ def _log_level(raw: Any) -> int:
     )
 
 
-def _check_distribution_supported(hyperparameters: Mapping[str, Any]) -> None:
-    for name, why in UNSUPPORTED_DISTRIBUTIONS.items():
-        if name in hyperparameters and _boolean(name, hyperparameters[name]):
-            raise ContractError(f"hyperparameter {name}=true: {why}")
-
-
 def _enabled(hyperparameters: Mapping[str, Any], name: str) -> bool:
     return name in hyperparameters and _boolean(name, hyperparameters[name])
+
+
+def _check_distribution_supported(hyperparameters: Mapping[str, Any]) -> None:
+    for name, why in UNSUPPORTED_DISTRIBUTIONS.items():
+        if _enabled(hyperparameters, name):
+            raise ContractError(f"hyperparameter {name}=true: {why}")
 
 
 def choose_backend(hyperparameters: Mapping[str, Any], ranks_per_host: int | None) -> Backend:
@@ -373,9 +373,7 @@ def choose_backend(hyperparameters: Mapping[str, Any], ranks_per_host: int | Non
     strategies = [
         name for name in (MWMS_ENABLED_PARAM, PS_ENABLED_PARAM) if _enabled(hyperparameters, name)
     ]
-    mpi_requested = MPI_ENABLED_PARAM in hyperparameters and _boolean(
-        MPI_ENABLED_PARAM, hyperparameters[MPI_ENABLED_PARAM]
-    )
+    mpi_requested = _enabled(hyperparameters, MPI_ENABLED_PARAM)
     if len(strategies) > 1:
         raise ContractError(
             f"hyperparameters {strategies[0]}=true and {strategies[1]}=true: choose one strategy"

@@ -315,17 +315,15 @@ def local_part(launch: Launch, *, is_master: bool) -> LocalPart:
         case ProcessesLaunch(processes=(HostProcess(task=None) as program,)):
             return ProgramPart(program.argv, program.env, program.working_dir)
         case ProcessesLaunch(processes=processes, chief_task=chief):
-            return TaskGroupPart(
-                [
-                    (
-                        process.task or f"process {index}",
-                        ProgramPart(
-                            process.argv, process.env, process.working_dir, prefix=process.prefix
-                        ),
-                    )
-                    for index, process in enumerate(processes)
-                ],
-                chief,
-            )
+            tasks = [
+                (
+                    str(process.task),
+                    ProgramPart(
+                        process.argv, process.env, process.working_dir, prefix=process.prefix
+                    ),
+                )
+                for process in processes
+            ]
+            return TaskGroupPart(tasks, chief)
         case unknown:
             assert_never(unknown)
