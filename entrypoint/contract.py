@@ -205,22 +205,6 @@ class Contract:
     def master_host(self) -> str:
         return choose_master(self.hosts)
 
-    @property
-    def ranks_per_host(self) -> int | None:
-        return self.settings.ranks_per_host
-
-    @property
-    def host_wait_timeout_s(self) -> float:
-        return self.settings.host_wait_timeout_s
-
-    @property
-    def sigterm_grace_s(self) -> float:
-        return self.settings.sigterm_grace_s
-
-    @property
-    def backend(self) -> Backend:
-        return self.settings.backend
-
 
 def choose_master(hosts: tuple[str, ...]) -> str:
     """The master is the first host of the sorted list: algo-1 on SageMaker, and still a single

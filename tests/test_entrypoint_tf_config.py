@@ -112,7 +112,7 @@ def test_task_names():
     ],
 )
 def test_the_sdk_hyperparameters_select_the_backend(hyperparameters, backend):
-    assert parse(hyperparameters).backend is backend
+    assert parse(hyperparameters).settings.backend is backend
 
 
 @pytest.mark.parametrize(
@@ -150,7 +150,7 @@ def test_bad_combinations_are_one_line(hyperparameters, hosts, message):
 
 def test_mwms_on_one_host_and_one_rank_are_fine():
     contract = parse({MWMS: "true", "ranks_per_host": "1"}, hosts=("algo-1",))
-    assert contract.backend is Backend.MULTI_WORKER_MIRRORED
+    assert contract.settings.backend is Backend.MULTI_WORKER_MIRRORED
 
 
 def test_strategies_need_no_ssh_and_report_exits():
