@@ -192,6 +192,12 @@ class ProcessesLaunch:
     worker_reports_exit: ClassVar[bool] = True
     worker_starts_on_start: ClassVar[bool] = True
 
+    def __post_init__(self) -> None:
+        if not self.processes:
+            raise ValueError("a ProcessesLaunch runs at least one process per host")
+        if self.verdict is VerdictRule.MASTER_PART:
+            raise ValueError("every host reports its exit here: the master's part cannot decide")
+
     @property
     def command(self) -> tuple[str, ...]:
         """The command the log shows: the first process' (tf.distribute's tasks share one)."""

@@ -10,6 +10,7 @@ import pytest
 from entrypoint.contract import parse_contract
 from entrypoint.launchers import MpirunPart, OrtedPart, ProgramPart, TaskGroupPart, local_part
 from entrypoint.plan import (
+    HostProcess,
     MpiLaunch,
     ProcessesLaunch,
     VerdictRule,
@@ -259,3 +260,11 @@ def test_local_part_follows_the_launch():
     assert type(part({"sagemaker_mpi_enabled": "false"})) is ProgramPart
     assert type(part({MWMS: "true"})) is TaskGroupPart
     assert type(part({PS: "true"}, current="algo-2")) is TaskGroupPart
+
+
+def test_a_processes_launch_refuses_what_its_loops_cannot_obey():
+    program = HostProcess(("python", "train.py"), {}, None)
+    with pytest.raises(ValueError, match="at least one process"):
+        ProcessesLaunch(())
+    with pytest.raises(ValueError, match="cannot decide"):
+        ProcessesLaunch((program,), VerdictRule.MASTER_PART)
