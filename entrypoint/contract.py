@@ -23,6 +23,8 @@ from typing import Any
 
 from sagemaker_training import params
 
+from entrypoint import names
+
 # Hyperparameters that belong to the entry point and are not passed to the training program.
 RANKS_PER_HOST = "ranks_per_host"
 HOST_WAIT_TIMEOUT = "host_wait_timeout"
@@ -88,38 +90,21 @@ class ContractError(ValueError):
 
 
 class Backend(enum.Enum):
-    """How the program runs across the hosts."""
+    """How the user asked the program to run across the hosts (the SDK's distribution); what
+    that means for the processes is the plan's Launch (plan.make_plan)."""
 
     # One mpirun over every host (the default, and distribution={"mpi": {"enabled": True}}).
-    MPI = "mpi"
+    MPI = names.MPI_BACKEND
     # sagemaker_mpi_enabled=false: the toolkit's meaning, the program once per host (no
     # mpirun across hosts); the master gathers every host's exit code over the coordination
     # channel, so one host failing still fails the whole job.
-    PER_HOST = "per_host"
+    PER_HOST = names.PER_HOST_BACKEND
     # tf.distribute.MultiWorkerMirroredStrategy over TF_CONFIG: one process per host, every host
     # a worker; like PER_HOST, every host reports its exit code and any failure fails the job.
-    MULTI_WORKER_MIRRORED = "multi_worker_mirrored"
+    MULTI_WORKER_MIRRORED = names.MULTI_WORKER_MIRRORED_BACKEND
     # tf.distribute.ParameterServerStrategy over TF_CONFIG: a chief on the first host, a worker
-    # and a ps on every host; the chief's program ending is the job's end (protocol.chief_verdict).
-    PARAMETER_SERVER = "parameter_server"
-
-    @property
-    def needs_ssh(self) -> bool:
-        return self is Backend.MPI
-
-    @property
-    def workers_report_exit(self) -> bool:
-        return self is not Backend.MPI
-
-    @property
-    def uses_tf_config(self) -> bool:
-        return self in (Backend.MULTI_WORKER_MIRRORED, Backend.PARAMETER_SERVER)
-
-    @property
-    def chief_decides(self) -> bool:
-        """The job ends when the chief's program ends (parameter servers never end on their
-        own: server.join() blocks forever, tensorflow#25858)."""
-        return self is Backend.PARAMETER_SERVER
+    # and a ps on every host; the chief's program ending is the job's end (VerdictRule.CHIEF).
+    PARAMETER_SERVER = names.PARAMETER_SERVER_BACKEND
 
 
 @dataclasses.dataclass(frozen=True)
@@ -219,22 +204,6 @@ class Contract:
     @property
     def master_host(self) -> str:
         return choose_master(self.hosts)
-
-    @property
-    def ranks_per_host(self) -> int | None:
-        return self.settings.ranks_per_host
-
-    @property
-    def host_wait_timeout_s(self) -> float:
-        return self.settings.host_wait_timeout_s
-
-    @property
-    def sigterm_grace_s(self) -> float:
-        return self.settings.sigterm_grace_s
-
-    @property
-    def backend(self) -> Backend:
-        return self.settings.backend
 
 
 def choose_master(hosts: tuple[str, ...]) -> str:
@@ -372,14 +341,14 @@ def _log_level(raw: Any) -> int:
     )
 
 
-def _check_distribution_supported(hyperparameters: Mapping[str, Any]) -> None:
-    for name, why in UNSUPPORTED_DISTRIBUTIONS.items():
-        if name in hyperparameters and _boolean(name, hyperparameters[name]):
-            raise ContractError(f"hyperparameter {name}=true: {why}")
-
-
 def _enabled(hyperparameters: Mapping[str, Any], name: str) -> bool:
     return name in hyperparameters and _boolean(name, hyperparameters[name])
+
+
+def _check_distribution_supported(hyperparameters: Mapping[str, Any]) -> None:
+    for name, why in UNSUPPORTED_DISTRIBUTIONS.items():
+        if _enabled(hyperparameters, name):
+            raise ContractError(f"hyperparameter {name}=true: {why}")
 
 
 def choose_backend(hyperparameters: Mapping[str, Any], ranks_per_host: int | None) -> Backend:
@@ -388,9 +357,7 @@ def choose_backend(hyperparameters: Mapping[str, Any], ranks_per_host: int | Non
     strategies = [
         name for name in (MWMS_ENABLED_PARAM, PS_ENABLED_PARAM) if _enabled(hyperparameters, name)
     ]
-    mpi_requested = MPI_ENABLED_PARAM in hyperparameters and _boolean(
-        MPI_ENABLED_PARAM, hyperparameters[MPI_ENABLED_PARAM]
-    )
+    mpi_requested = _enabled(hyperparameters, MPI_ENABLED_PARAM)
     if len(strategies) > 1:
         raise ContractError(
             f"hyperparameters {strategies[0]}=true and {strategies[1]}=true: choose one strategy"

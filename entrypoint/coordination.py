@@ -27,6 +27,7 @@ import logging
 import threading
 import time
 
+from entrypoint.failure import Failure
 from entrypoint.protocol import (
     CATALOG,
     Ack,
@@ -349,7 +350,7 @@ class WorkerChannel:
         session = self._session
         return 0.0 if session is None else session.longest_silence_s
 
-    def send_exited(self, exit_code: int, failure: str | None) -> None:
+    def send_exited(self, exit_code: int, failure: Failure | None) -> None:
         self._thread.call(lambda: self._send(Exited(exit_code, failure)))
 
     def request(self, message: Message, timeout_s: float) -> Message:

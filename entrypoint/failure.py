@@ -1,21 +1,35 @@
-"""The failure file: one line, `Reason: message`, that SageMaker shows as FailureReason.
+"""A failure as a value (reason, message, host), and the failure file: one line,
+`Reason: message (on host)`, that SageMaker shows as FailureReason.
+
+A Failure travels as its fields (over the coordination channel too) and is formatted once, by
+`Failure.line`; `parse_failure` is only for lines that come from outside (a file another process
+wrote first).
 
 https://docs.aws.amazon.com/sagemaker/latest/dg/your-algorithms-training-algo-output.html
 """
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import os
-import signal
 import tempfile
 from pathlib import Path
+
+from entrypoint.names import STOPPED_EXIT_CODE
 
 # SageMaker keeps the first 1024 characters of FailureReason; mpi-operator caps its event
 # messages at the same length (eventMessageLimit = 1024).
 MESSAGE_LIMIT = 1024
-# What a stopped job (SIGTERM) exits with on every host: 128 + SIGTERM, as a shell reports it.
-STOPPED_EXIT_CODE = 128 + signal.SIGTERM
+__all__ = [
+    "MESSAGE_LIMIT",
+    "STOPPED_EXIT_CODE",
+    "Failure",
+    "Reason",
+    "format_failure",
+    "parse_failure",
+    "record_failure",
+]
 
 
 class Reason(enum.Enum):
@@ -25,18 +39,41 @@ class Reason(enum.Enum):
     BAD_INPUT = "BadInput"
     # A channel's data is missing, empty or unreadable.
     BAD_DATA = "BadData"
-    # A worker's sshd never answered the master within the wait deadline.
+    # A worker never joined the coordination channel, or its sshd never answered the master,
+    # within the wait deadline.
     WORKER_UNREACHABLE = "WorkerUnreachable"
     # A worker lost its master: it never started the ranks, or it vanished mid-run.
     MASTER_LOST = "MasterLost"
     # A host of the job disappeared while the ranks ran.
     HOST_LOST = "HostLost"
-    # mpirun (so at least one rank) exited non-zero.
+    # The training program failed: mpirun (so at least one rank), a host's program or a
+    # tf.distribute task exited non-zero.
     TRAINING_FAILED = "TrainingFailed"
     # The job was asked to stop (SIGTERM: StopTrainingJob, spot interruption).
     STOPPED = "Stopped"
     # A bug or environment problem in the entry point itself.
     INTERNAL = "InternalError"
+
+
+@dataclasses.dataclass(frozen=True)
+class Failure:
+    """Why a job failed, and on which host (None where no host applies, or where the message,
+    read from outside, already names it)."""
+
+    reason: Reason
+    message: str
+    host: str | None = None
+
+    def __post_init__(self) -> None:
+        # Folded and capped once: the line never holds more (format_failure), and a failure
+        # sent over the channel stays far below its frame limit.
+        object.__setattr__(self, "message", " ".join(self.message.split())[:MESSAGE_LIMIT])
+
+    @property
+    def line(self) -> str:
+        """The failure file's line, the one format of a failure."""
+        located = f"{self.message} (on {self.host})" if self.host else self.message
+        return format_failure(self.reason, located)
 
 
 def format_failure(reason: Reason, message: str) -> str:
@@ -58,9 +95,10 @@ def parse_failure(line: str) -> tuple[Reason, str]:
     return reason, message if separator else ""
 
 
-def record_failure(output_dir: Path, reason: Reason, message: str) -> bool:
+def record_failure(output_dir: Path, failure: Failure) -> Failure:
     """Write `output_dir/failure` unless a failure is already recorded (the first cause wins:
-    later failures are usually its echoes). Returns whether this call wrote the file.
+    later failures are usually its echoes). Returns the failure now recorded: `failure`, or the
+    one another process (a rank, an earlier step) wrote first.
 
     The write is atomic (temp file, then link) so SageMaker never reads half a line.
     """
@@ -69,12 +107,22 @@ def record_failure(output_dir: Path, reason: Reason, message: str) -> bool:
     fd, tmp_name = tempfile.mkstemp(prefix=".failure.", dir=output_dir)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as tmp:
-            tmp.write(format_failure(reason, message) + "\n")
+            tmp.write(failure.line + "\n")
         try:
             # link() fails if the target exists: no race between ranks or processes.
             os.link(tmp_name, target)
         except FileExistsError:
-            return False
-        return True
+            return _recorded(target, failure)
+        return failure
     finally:
         os.unlink(tmp_name)
+
+
+def _recorded(target: Path, ours: Failure) -> Failure:
+    """The failure another process recorded first (its line names its own host, if any)."""
+    try:
+        line = target.read_text(encoding="utf-8").strip()
+    except OSError:
+        return ours
+    reason, message = parse_failure(line)
+    return Failure(reason, message)

@@ -1,11 +1,12 @@
 """The launcher interface: what one host runs of the job, as the supervising loops see it.
 
-A backend is a pair of local parts, one for the master and one for the workers:
-- MPI: the master runs `mpirun`, whose exit code is the job's; a worker's part is the orted that
-  mpirun starts over ssh (it reports nothing: mpirun already knows).
-- per host: every host runs the program itself and reports its exit code over the coordination
-  channel; the master decides (protocol.per_host_verdict).
-The loops in `supervise.py` and the channel in `coordination.py` are the same for both.
+`local_part` turns the plan's Launch (plan.py) into this host's LocalPart, in one match:
+- MpiLaunch: the master runs `mpirun` (MpirunPart), whose exit code is the job's; a worker's part
+  is the orted that mpirun starts over ssh (OrtedPart: it reports nothing, mpirun already knows).
+- ProcessesLaunch: every host runs its own processes and reports how they ended over the
+  coordination channel: the program itself (ProgramPart, per-host mode), or tf.distribute's
+  tasks (TaskGroupPart, one process per task); the master decides by the launch's verdict rule.
+The loops in `supervise.py` and the channel in `coordination.py` are the same for every launch.
 """
 
 from __future__ import annotations
@@ -20,9 +21,12 @@ import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import IO, Protocol
+from typing import IO, Protocol, assert_never
 
 import psutil
+
+from entrypoint.plan import HostProcess, Launch, MpiLaunch, ProcessesLaunch
+from entrypoint.protocol import first_decisive
 
 log = logging.getLogger("entrypoint")
 
@@ -220,7 +224,7 @@ class OrtedPart:
 
 class ProgramPart(_ChildProcess):
     """Every host's part where no mpirun runs: the program itself, with this host's
-    environment (SM_CURRENT_HOST and, later, TF_CONFIG are per host)."""
+    environment (SM_CURRENT_HOST is per host); also each task of a TaskGroupPart."""
 
     def forward_sigterm(self, grace_s: float) -> None:
         log.info("SIGTERM: forwarding to the program; %.0f s to checkpoint and exit", grace_s)
@@ -256,15 +260,15 @@ class TaskGroupPart:
 
     def poll(self) -> int | None:
         codes = {name: task.poll() for name, task in self._tasks.items()}
-        for name, code in codes.items():
-            if code not in (None, 0):
-                self._failed = self._failed or name
-                return codes[self._failed]
-        if self._chief is not None and codes.get(self._chief) == 0:
-            return 0
-        if all(code == 0 for code in codes.values()):
-            return 0
-        return None
+        decisive = first_decisive(codes, tuple(codes), self._chief)
+        if decisive is None:
+            return None
+        name, code = decisive
+        if code != 0:
+            # The first task seen failing stays the part's failure.
+            self._failed = self._failed or name
+            return codes[self._failed]
+        return 0
 
     def forward_sigterm(self, grace_s: float) -> None:
         log.info(
@@ -297,3 +301,29 @@ class TaskGroupPart:
             return None
         detail = self._tasks[self._failed].failure_detail()
         return f"task {self._failed}" + (f": {detail}" if detail else "")
+
+
+# --------------------------------------------------------------------------------------------
+# The one place a Launch becomes a LocalPart
+
+
+def local_part(launch: Launch, *, is_master: bool) -> LocalPart:
+    """This host's part of the job."""
+    match launch:
+        case MpiLaunch(argv=argv, env=env):
+            return MpirunPart(argv, env, None) if is_master else OrtedPart()
+        case ProcessesLaunch(processes=(HostProcess(task=None) as program,)):
+            return ProgramPart(program.argv, program.env, program.working_dir)
+        case ProcessesLaunch(processes=processes, chief_task=chief):
+            tasks = [
+                (
+                    str(process.task),
+                    ProgramPart(
+                        process.argv, process.env, process.working_dir, prefix=process.prefix
+                    ),
+                )
+                for process in processes
+            ]
+            return TaskGroupPart(tasks, chief)
+        case unknown:
+            assert_never(unknown)

@@ -1,6 +1,8 @@
-"""From a Contract to a plan: who is master, how many ranks, which command, which environment.
+"""From a Contract to a plan: who is master, how many ranks, which environment, which Launch.
 
-Pure functions only (no I/O): `make_plan`, `rank_environment`, `build_mpirun_argv`. The habits
+Pure functions only (no I/O): `make_plan`, `rank_environment`, `build_mpirun_argv`. `make_plan`
+is the one place that turns the backend the user asked for into a `Launch`, a closed set of
+frozen values that say what the supervising loops do (docs/backends.md). The habits
 are Horovod's runner (`horovod/runner/mpi_run.py`): named flag constants, environment forwarded
 by name (`-x NAME`, sorted, through one filter) so values stay out of argv and logs.
 """
@@ -8,25 +10,22 @@ by name (`-x NAME`, sorted, through one filter) so values stay out of argv and l
 from __future__ import annotations
 
 import dataclasses
+import enum
 import re
 import shlex
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import ClassVar, assert_never
 
 from sagemaker_training import mapping
 
 from entrypoint import tf_config
 from entrypoint.contract import Backend, BuiltinProgram, Contract, ContractError, UserScript
+from entrypoint.names import BACKEND_ENV, JOB_SECRET_ENV, OLD_JOB_SECRET_ENV
 
-# Tells the built-in model which backend runs it (model/collective.py picks Horovod or
-# tf.distribute's MultiWorkerMirroredStrategy from it); Backend values.
-BACKEND_ENV = "SM_HVD_BACKEND"
 # TensorFlow's parameter-server guide: workers and ps fail an RPC at once when a peer is gone,
 # instead of retrying it forever.
 _PS_DEFAULTS = {"GRPC_FAIL_FAST": "use_caller"}
-
-# The launcher's per-job secret for the ssh keys; never forwarded to ranks, never logged.
-SSH_SEED_ENV = "SM_HVD_SSH_SEED"
 
 # Flags for every job. ob1 + TCP is what works over SageMaker's ENA and Docker networks alike.
 _OMPI_FLAGS: tuple[str, ...] = (
@@ -81,7 +80,8 @@ _FORWARD_PREFIXES = ("SM_", "HOROVOD_", "NCCL_", "TF_", "OMP_", "KMP_", "GLOO_",
 # current_host too. CUDA_VISIBLE_DEVICES is per host, as in Horovod's env filter.
 _NEVER_FORWARD = re.compile(
     r"^(SM_CURRENT_HOST|SM_CURRENT_INSTANCE_TYPE|SM_CURRENT_INSTANCE_GROUP"
-    r"|SM_CURRENT_INSTANCE_GROUP_HOSTS|SM_TRAINING_ENV|SM_HVD_SSH_SEED|.*CUDA_VISIBLE_DEVICES"
+    r"|SM_CURRENT_INSTANCE_GROUP_HOSTS|SM_TRAINING_ENV|SM_HVD_JOB_SECRET|SM_HVD_SSH_SEED"
+    r"|.*CUDA_VISIBLE_DEVICES"
     r"|BASH_FUNC_.*|OLDPWD)$"
 )
 
@@ -93,8 +93,8 @@ _HOROVOD_DEFAULTS = {
 
 
 @dataclasses.dataclass(frozen=True)
-class JobPlan:
-    """The decisions the master and workers act on."""
+class JobShape:
+    """The job's shape: its hosts, who is master, how many ranks, which program."""
 
     hosts: tuple[str, ...]
     master_host: str
@@ -103,6 +103,7 @@ class JobPlan:
     network_interface_name: str
     program_argv: tuple[str, ...]
     working_dir: Path | None
+    # What the user asked for (contract.py); the plan's Launch says what that means.
     backend: Backend = Backend.MPI
     # sagemaker_mpi_custom_mpi_options, already split: appended to mpirun's own options.
     custom_mpi_options: tuple[str, ...] = ()
@@ -122,6 +123,99 @@ class JobPlan:
     @property
     def is_multi_host(self) -> bool:
         return len(self.hosts) > 1
+
+
+# --------------------------------------------------------------------------------------------
+# Launches: how this job's processes start and end, as data the supervising loops obey.
+
+
+class VerdictRule(enum.Enum):
+    """Who decides the job's outcome."""
+
+    # The master's local part (mpirun) ends the job with its exit code; workers report nothing.
+    MASTER_PART = "master_part"
+    # Every host reports how its part ended: any failure fails the job, success needs all.
+    EVERY_HOST = "every_host"
+    # As EVERY_HOST, except that the chief's (the master's) success ends the job: the other
+    # hosts' servers never end on their own (tf.distribute's parameter servers).
+    CHIEF = "chief"
+
+
+@dataclasses.dataclass(frozen=True)
+class MpiLaunch:
+    """One mpirun on the master, which starts every rank (over ssh on the workers): sshd on
+    every host, the master ssh-checks each worker before it starts mpirun, a worker's part
+    (orted) arrives over ssh without the master's Start, and mpirun's exit code is the job's."""
+
+    # The full mpirun command and the environment it runs with (on the master).
+    argv: tuple[str, ...]
+    env: Mapping[str, str]
+
+    runs_sshd: ClassVar[bool] = True
+    ssh_check: ClassVar[bool] = True
+    worker_reports_exit: ClassVar[bool] = False
+    worker_starts_on_start: ClassVar[bool] = False
+    verdict: ClassVar[VerdictRule] = VerdictRule.MASTER_PART
+
+    @property
+    def command(self) -> tuple[str, ...]:
+        """The command the log shows."""
+        return self.argv
+
+
+@dataclasses.dataclass(frozen=True)
+class HostProcess:
+    """One process this host runs itself."""
+
+    argv: tuple[str, ...]
+    env: Mapping[str, str]
+    working_dir: Path | None
+    # tf.distribute's task name ("worker:1"); None for the host's program itself.
+    task: str | None = None
+    # Put before each of its output lines where several processes share this host's stdout.
+    prefix: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class ProcessesLaunch:
+    """Every host runs its own processes (the program per host, or tf.distribute's tasks): no
+    sshd, each host's part starts on the master's Start, every host reports how its part
+    ended, and `verdict` decides the job from those reports."""
+
+    processes: tuple[HostProcess, ...]
+    verdict: VerdictRule = VerdictRule.EVERY_HOST
+    # The task whose success ends this host's part (tf.distribute's chief task), if any.
+    chief_task: str | None = None
+
+    runs_sshd: ClassVar[bool] = False
+    ssh_check: ClassVar[bool] = False
+    worker_reports_exit: ClassVar[bool] = True
+    worker_starts_on_start: ClassVar[bool] = True
+
+    def __post_init__(self) -> None:
+        if not self.processes:
+            raise ValueError("a ProcessesLaunch runs at least one process per host")
+        if self.verdict is VerdictRule.MASTER_PART:
+            raise ValueError("every host reports its exit here: the master's part cannot decide")
+
+    @property
+    def command(self) -> tuple[str, ...]:
+        """The command the log shows: the first process' (tf.distribute's tasks share one)."""
+        return self.processes[0].argv
+
+
+# One value per way of launching; launchers.local_part turns it into this host's LocalPart.
+Launch = MpiLaunch | ProcessesLaunch
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class JobPlan(JobShape):
+    """The decisions the master and workers act on: the job's shape, the environment the
+    program runs with, the command the log shows, and how the job is launched."""
+
+    environment: Mapping[str, str]
+    command: tuple[str, ...]
+    launch: Launch
 
 
 def ranks_per_host(requested: int | None, gpu_count: int) -> int:
@@ -150,25 +244,90 @@ def program_argv(
     raise AssertionError(f"unknown program {contract.program!r}")
 
 
-def make_plan(contract: Contract, *, gpu_count: int, python: str = "python") -> JobPlan:
-    """Decide the job's shape. The master detects GPUs on its own host and assumes the cluster is
-    homogeneous, as SageMaker's single instance type guarantees."""
+# A launch builder: the job's shape and the program's environment in, the Launch out.
+LaunchBuilder = Callable[[JobShape, Mapping[str, str]], Launch]
+
+
+def mpi_launch(shape: JobShape, env: Mapping[str, str]) -> MpiLaunch:
+    """Backend.MPI: one mpirun over every host."""
+    return MpiLaunch(argv=tuple(build_mpirun_argv(shape, env)), env=env)
+
+
+def program_launch(shape: JobShape, env: Mapping[str, str]) -> ProcessesLaunch:
+    """Backend.PER_HOST: the program once per host; any host failing fails the job."""
+    program = HostProcess(shape.program_argv, env, shape.working_dir)
+    return ProcessesLaunch((program,), VerdictRule.EVERY_HOST)
+
+
+def tf_config_launch(shape: JobShape, env: Mapping[str, str]) -> ProcessesLaunch:
+    """tf.distribute's strategies: this host's tasks, each with its own TF_CONFIG."""
+    layout = _TF_LAYOUTS[shape.backend]
+    tasks = host_tasks(shape)
+    # One task per host (MWMS) needs no prefix: its lines are the host's.
+    prefixed = len(tasks) > 1
+    processes = tuple(
+        HostProcess(
+            shape.program_argv,
+            task_environment(env, shape, task),
+            shape.working_dir,
+            task=task.name,
+            prefix=f"[{task.name}] " if prefixed else "",
+        )
+        for task in tasks
+    )
+    chief = next((task.name for task in tasks if task.type is tf_config.TaskType.CHIEF), None)
+    return ProcessesLaunch(processes, layout.verdict, chief)
+
+
+def make_plan(
+    contract: Contract,
+    *,
+    gpu_count: int,
+    cpu_count: int = 1,
+    env: Mapping[str, str] | None = None,
+    python: str = "python",
+) -> JobPlan:
+    """Decide the job: its shape, the program's environment (from ours, `env`) and its Launch.
+    The master detects GPUs on its own host and assumes the cluster is homogeneous, as
+    SageMaker's single instance type guarantees.
+
+    The one place that reads the backend the user asked for: each backend picks its ranks per
+    host and its launch builder (Horovod's runner: one dispatch, one builder per backend with
+    the same signature)."""
+    requested = contract.settings.ranks_per_host
+    build: LaunchBuilder
+    match contract.settings.backend:
+        case Backend.MPI:
+            ranks, build = ranks_per_host(requested, gpu_count), mpi_launch
+        case Backend.PER_HOST:
+            ranks, build = ranks_per_host(requested, gpu_count), program_launch
+        case Backend.MULTI_WORKER_MIRRORED | Backend.PARAMETER_SERVER:
+            # A strategy drives every local GPU from one process per task.
+            ranks, build = 1, tf_config_launch
+        case unknown:
+            assert_never(unknown)
     argv, working_dir = program_argv(contract, python=python)
-    return JobPlan(
+    shape = JobShape(
         hosts=contract.hosts,
         master_host=contract.master_host,
         current_host=contract.current_host,
-        # A strategy drives every local GPU from one process per task.
-        ranks_per_host=(
-            1
-            if contract.backend.uses_tf_config
-            else ranks_per_host(contract.ranks_per_host, gpu_count)
-        ),
+        ranks_per_host=ranks,
         network_interface_name=contract.network_interface_name,
         program_argv=argv,
         working_dir=working_dir,
-        backend=contract.backend,
+        backend=contract.settings.backend,
         custom_mpi_options=contract.settings.custom_mpi_options,
+    )
+    # The toolkit's SAGEMAKER_JOB_NAME, SAGEMAKER_REGION and SM_LOG_LEVEL reach the program.
+    base = {**(env or {}), **contract.toolkit_environment}
+    sm_env = sagemaker_environment(contract, gpu_count=gpu_count, cpu_count=cpu_count)
+    environment = rank_environment(base, sm_env, shape)
+    launch = build(shape, environment)
+    return JobPlan(
+        **{field.name: getattr(shape, field.name) for field in dataclasses.fields(JobShape)},
+        environment=environment,
+        command=launch.command,
+        launch=launch,
     )
 
 
@@ -230,7 +389,7 @@ def is_exportable(name: str) -> bool:
 
 
 def rank_environment(
-    base_env: Mapping[str, str], sagemaker_env: Mapping[str, str], plan: JobPlan
+    base_env: Mapping[str, str], sagemaker_env: Mapping[str, str], plan: JobShape
 ) -> dict[str, str]:
     """The environment mpirun runs with: a copy of ours plus the toolkit's SM_* variables, the
     interface pins and Horovod's stall shutdown (a user's own HOROVOD_*/NCCL_* values win)."""
@@ -241,11 +400,12 @@ def rank_environment(
     env.setdefault("HOROVOD_GLOO_IFACE", interface)
     for name, value in _HOROVOD_DEFAULTS.items():
         env.setdefault(name, value)
-    env.pop(SSH_SEED_ENV, None)
+    for secret in (JOB_SECRET_ENV, OLD_JOB_SECRET_ENV):
+        env.pop(secret, None)
     return env
 
 
-def build_mpirun_argv(plan: JobPlan, env: Mapping[str, str]) -> list[str]:
+def build_mpirun_argv(plan: JobShape, env: Mapping[str, str]) -> list[str]:
     """The full mpirun command. Variables are forwarded by name only (`-x NAME`): values stay
     out of argv, so the logged command holds no secret and is deterministic."""
     host_list = ",".join(f"{host}:{plan.ranks_per_host}" for host in plan.hosts)
@@ -286,29 +446,46 @@ def format_command(argv: list[str]) -> str:
     return shlex.join(argv)
 
 
-def host_tasks(plan: JobPlan) -> tuple[tf_config.Task, ...]:
+@dataclasses.dataclass(frozen=True)
+class _TfLayout:
+    """What tells tf.distribute's strategies apart here (tf_config.py has the layouts)."""
+
+    tasks: Callable[[tuple[str, ...], str], tuple[tf_config.Task, ...]]
+    cluster: Callable[[tuple[str, ...]], dict[str, list[str]]]
+    verdict: VerdictRule
+    # Environment defaults for every task (the user's own values win).
+    defaults: Mapping[str, str]
+
+
+_TF_LAYOUTS: Mapping[Backend, _TfLayout] = {
+    Backend.MULTI_WORKER_MIRRORED: _TfLayout(
+        tf_config.mwms_tasks, tf_config.mwms_cluster, VerdictRule.EVERY_HOST, {}
+    ),
+    # The chief's program ends the job: the worker and ps servers block in server.join()
+    # forever (tensorflow#25858).
+    Backend.PARAMETER_SERVER: _TfLayout(
+        tf_config.ps_tasks, tf_config.ps_cluster, VerdictRule.CHIEF, _PS_DEFAULTS
+    ),
+}
+
+
+def host_tasks(plan: JobShape) -> tuple[tf_config.Task, ...]:
     """This host's tf.distribute tasks (tf_config.py has the layouts)."""
-    if plan.backend is Backend.MULTI_WORKER_MIRRORED:
-        return tf_config.mwms_tasks(plan.hosts, plan.current_host)
-    if plan.backend is Backend.PARAMETER_SERVER:
-        return tf_config.ps_tasks(plan.hosts, plan.current_host)
-    raise ValueError(f"backend {plan.backend.value} has no TF_CONFIG tasks")
+    layout = _TF_LAYOUTS.get(plan.backend)
+    if layout is None:
+        raise ValueError(f"backend {plan.backend.value} has no TF_CONFIG tasks")
+    return layout.tasks(plan.hosts, plan.current_host)
 
 
 def task_environment(
-    program_env: Mapping[str, str], plan: JobPlan, task: tf_config.Task
+    program_env: Mapping[str, str], plan: JobShape, task: tf_config.Task
 ) -> dict[str, str]:
     """One task's environment: the program's (rank_environment), its TF_CONFIG (ours wins over
     one the user set: it describes this job's cluster), and the backend for the built-in model."""
-    cluster = (
-        tf_config.mwms_cluster(plan.hosts)
-        if plan.backend is Backend.MULTI_WORKER_MIRRORED
-        else tf_config.ps_cluster(plan.hosts)
-    )
+    layout = _TF_LAYOUTS[plan.backend]
     env = dict(program_env)
-    if plan.backend is Backend.PARAMETER_SERVER:
-        for name, value in _PS_DEFAULTS.items():
-            env.setdefault(name, value)
-    env[tf_config.TF_CONFIG_ENV] = tf_config.tf_config(cluster, task)
+    for name, value in layout.defaults.items():
+        env.setdefault(name, value)
+    env[tf_config.TF_CONFIG_ENV] = tf_config.tf_config(layout.cluster(plan.hosts), task)
     env[BACKEND_ENV] = plan.backend.value
     return env

@@ -12,8 +12,8 @@ One TCP connection per worker, opened by the worker to the master:
     master -> worker   Refused {reason} (another version) |
     both ways          Heartbeat every HEARTBEAT_INTERVAL_S  |  authenticated with the
     master -> worker   Start (every worker said Hello)    |  connection's session key
-    worker -> master   Exited {code, failure}             |
-    master -> worker   Verdict {code, failure}            |
+    worker -> master   Exited {code, failure}             |  (a failure: {reason,
+    master -> worker   Verdict {code, failure}            |   message, host} or null)
     worker -> master   Ack                               /
     both ways          Request {id, body} -> Response {id, body | error}
 
@@ -36,13 +36,13 @@ import hashlib
 import hmac
 import json
 import struct
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, Self
 
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from entrypoint.failure import STOPPED_EXIT_CODE, Reason, format_failure
+from entrypoint.failure import STOPPED_EXIT_CODE, Failure, Reason
 
 # Sent in every Hello; a master refuses a worker that speaks another version. 2: Hello carries
 # the version; Refused, Request and Response exist.
@@ -138,9 +138,34 @@ def _optional_text(value: object, name: str) -> str | None:
     return value
 
 
-def _outcome(fields: Fields) -> tuple[int, str | None]:
-    """An Exited's or a Verdict's fields: an exit code and an optional failure line."""
-    return _exit_code(fields.get("exit_code")), _optional_text(fields.get("failure"), "failure")
+_FAILURE_FIELDS = frozenset({"reason", "message", "host"})
+
+
+def _failure_to_json(failure: Failure | None) -> Fields | None:
+    if failure is None:
+        return None
+    return {"reason": failure.reason.value, "message": failure.message, "host": failure.host}
+
+
+def _failure(value: object) -> Failure | None:
+    """A failure's fields: a reason of the closed set, a message, the host it happened on."""
+    if value is None:
+        return None
+    if not isinstance(value, dict) or set(value) != _FAILURE_FIELDS:
+        raise ProtocolError(f"a failure must be null or an object of {sorted(_FAILURE_FIELDS)}")
+    try:
+        reason = Reason(value["reason"])
+    except ValueError:
+        raise ProtocolError(f"unknown failure reason {value['reason']!r}") from None
+    message = value["message"]
+    if not isinstance(message, str):
+        raise ProtocolError("a failure's message must be a string")
+    return Failure(reason, message, _optional_text(value["host"], "a failure's host"))
+
+
+def _outcome(fields: Fields) -> tuple[int, Failure | None]:
+    """An Exited's or a Verdict's fields: an exit code and an optional failure."""
+    return _exit_code(fields.get("exit_code")), _failure(fields.get("failure"))
 
 
 def _request_id(value: object) -> int:
@@ -230,7 +255,10 @@ class Exited(Message):
     TRAVELS = frozenset({Direction.TO_MASTER})
 
     exit_code: int
-    failure: str | None = None
+    failure: Failure | None = None
+
+    def to_json(self) -> Fields:
+        return {"exit_code": self.exit_code, "failure": _failure_to_json(self.failure)}
 
     @classmethod
     def from_json(cls, fields: Fields, catalog: Catalog) -> Self:
@@ -239,13 +267,17 @@ class Exited(Message):
 
 @dataclasses.dataclass(frozen=True)
 class Verdict(Message):
-    """The job's outcome, decided by the master: every host exits with `exit_code`."""
+    """The job's outcome, decided by the master: every host exits with `exit_code`, and records
+    `failure` where there is one."""
 
     TYPE = "verdict"
     TRAVELS = frozenset({Direction.TO_WORKER})
 
     exit_code: int
-    failure: str | None = None
+    failure: Failure | None = None
+
+    def to_json(self) -> Fields:
+        return {"exit_code": self.exit_code, "failure": _failure_to_json(self.failure)}
 
     @classmethod
     def from_json(cls, fields: Fields, catalog: Catalog) -> Self:
@@ -480,31 +512,61 @@ def suspect_peers(silences: Mapping[str, float], suspect_after_s: float) -> list
     return sorted(suspects, key=lambda host: (-silences[host], host))
 
 
-def per_host_verdict(
-    hosts: tuple[str, ...], exits: Mapping[str, Exited], *, stopping: bool = False
+def first_decisive(
+    codes: Mapping[str, int | None], order: Sequence[str], chief: str | None = None
+) -> tuple[str | None, int] | None:
+    """The rule shared by a host's tasks and by the job's hosts: the first failure in `order`
+    decides (name, code); else the chief ending with 0 is success (None, 0); else everyone ending
+    with 0 is; else nothing is decided yet (None)."""
+    for name in order:
+        code = codes.get(name)
+        if code is not None and code != 0:
+            return name, code
+    if chief is not None and codes.get(chief) == 0:
+        return None, 0
+    if all(codes.get(name) == 0 for name in order):
+        return None, 0
+    return None
+
+
+def host_verdict(
+    hosts: tuple[str, ...],
+    exits: Mapping[str, Exited],
+    *,
+    chief: str | None = None,
+    stopping: bool = False,
 ) -> Verdict | None:
-    """Where every host runs its own part. None while undecided.
+    """Where every host reports how its part ended. None while undecided.
 
     - Stopping (SIGTERM): every part gets its grace period to checkpoint, so nothing is decided
       before every host's part ended; then the job was stopped (143), whatever the codes.
     - Otherwise the first failure (in host order) fails the job at once, with that host's
-      failure line; success needs every host's part to have ended with 0.
+      failure; success needs every host's part to have ended with 0, or, with a `chief`,
+      the chief host's part (tf.distribute's parameter servers: the worker and ps servers block
+      in server.join() forever and are stopped by the entry points).
     """
     if stopping:
         if all(host in exits for host in hosts):
-            return Verdict(STOPPED_EXIT_CODE, format_failure(Reason.STOPPED, "stopped by SIGTERM"))
+            return Verdict(STOPPED_EXIT_CODE, Failure(Reason.STOPPED, "stopped by SIGTERM"))
         return None
-    for host in hosts:
-        result = exits.get(host)
-        if result is not None and result.exit_code != 0:
-            failure = result.failure or format_failure(
-                Reason.TRAINING_FAILED,
-                f"the program exited with code {result.exit_code} (on {host})",
-            )
-            return Verdict(result.exit_code, failure)
-    if all(host in exits for host in hosts):
+    codes = {host: result.exit_code for host, result in exits.items()}
+    decisive = first_decisive(codes, hosts, chief)
+    if decisive is None:
+        return None
+    host, code = decisive
+    if host is None:
         return Verdict(0)
-    return None
+    failure = exits[host].failure or Failure(
+        Reason.TRAINING_FAILED, f"the program exited with code {code}", host
+    )
+    return Verdict(code, failure)
+
+
+def per_host_verdict(
+    hosts: tuple[str, ...], exits: Mapping[str, Exited], *, stopping: bool = False
+) -> Verdict | None:
+    """Every host's part counts alike (host_verdict without a chief)."""
+    return host_verdict(hosts, exits, stopping=stopping)
 
 
 def chief_verdict(
@@ -514,19 +576,5 @@ def chief_verdict(
     *,
     stopping: bool = False,
 ) -> Verdict | None:
-    """Where the chief's program ends the job (tf.distribute's parameter servers: the worker
-    and ps servers block in server.join() forever and are stopped by the entry points).
-    None while undecided.
-
-    - Stopping, or any host's part failed: as per_host_verdict (every part ends under SIGTERM;
-      the first failure in host order fails the job at once).
-    - Otherwise the chief host's part ending with 0 is the job's success, whatever the other
-      hosts' servers are still doing.
-    """
-    undecided = per_host_verdict(hosts, exits, stopping=stopping)
-    if undecided is not None or stopping:
-        return undecided
-    chief = exits.get(chief_host)
-    if chief is not None and chief.exit_code == 0:
-        return Verdict(0)
-    return None
+    """The chief host's success ends the job (host_verdict with a chief)."""
+    return host_verdict(hosts, exits, chief=chief_host, stopping=stopping)

@@ -4,7 +4,8 @@ Every host of a job derives the same two Ed25519 key pairs from one secret:
 - the user key: its public half is the only authorized key, so only holders of the secret log in;
 - the host key: every host serves it, and known_hosts trusts nothing else, so the master only
   talks to hosts of its own job.
-The secret is the launcher's per-job random value (SM_HVD_SSH_SEED). Without it the job's own
+The secret is the launcher's per-job random value (SM_HVD_JOB_SECRET; its old name
+SM_HVD_SSH_SEED is still read). Without it the job's own
 identity (TRAINING_JOB_ARN, else TRAINING_JOB_NAME) is used, which anyone who can read the job's
 description can also derive: weaker, and logged as such.
 """
@@ -22,7 +23,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from entrypoint.plan import SSH_SEED_ENV
+from entrypoint.names import JOB_SECRET_ENV, OLD_JOB_SECRET_ENV
 
 SSH_DIR = Path("/run/sm-horovod/ssh")
 _SALT = b"sm-horovod ssh v1"
@@ -31,13 +32,20 @@ _SALT = b"sm-horovod ssh v1"
 class SeedSource(enum.Enum):
     """Where the key material came from, strongest first."""
 
-    LAUNCHER_SECRET = SSH_SEED_ENV
+    LAUNCHER_SECRET = JOB_SECRET_ENV
     JOB_ARN = "TRAINING_JOB_ARN"
     JOB_NAME = "TRAINING_JOB_NAME"
 
     @property
     def is_weak(self) -> bool:
         return self is not SeedSource.LAUNCHER_SECRET
+
+    @property
+    def variables(self) -> tuple[str, ...]:
+        """The environment variables that carry this source, preferred first."""
+        if self is SeedSource.LAUNCHER_SECRET:
+            return (JOB_SECRET_ENV, OLD_JOB_SECRET_ENV)
+        return (self.value,)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,9 +64,10 @@ class SshKeys:
 def choose_seed(env: Mapping[str, str]) -> tuple[SeedSource, bytes] | None:
     """The strongest seed the environment offers, or None where there is none."""
     for source in SeedSource:
-        value = env.get(source.value, "")
-        if value:
-            return source, value.encode()
+        for name in source.variables:
+            value = env.get(name, "")
+            if value:
+                return source, value.encode()
     return None
 
 

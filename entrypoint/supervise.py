@@ -1,14 +1,17 @@
 """The imperative shell: the supervising loops of the master and the workers.
 
+The loops obey the plan's Launch (plan.py) and never look at the backend the user asked for.
 Master (first host): waits until every worker is connected to the coordination channel (and,
-for MPI, accepts ssh), starts its local part (mpirun, or its own program), watches the channel
-for lost hosts and the workers' reported exits, decides the verdict, tells every worker over the
-channel, exits with it.
-Worker: connects to the master, runs its local part (mpirun's orted arrives over ssh, or its own
-program), reports how it ended where the backend wants that, and exits with the master's verdict.
+where the launch says so, accepts ssh), starts its local part (mpirun, or its own processes),
+watches the channel for lost hosts and the workers' reported exits, decides the verdict by the
+launch's rule, tells every worker over the channel, exits with it.
+Worker: connects to the master, runs its local part (started on the master's Start, or arriving
+on its own, as mpirun's orted does over ssh), reports how it ended where the launch says so, and
+exits with the master's verdict.
 It fails on its own only when the master is lost or never comes (mpi-operator: the launcher
 decides the outcome, workers can only fail the job).
 Both: SIGTERM goes to the local training processes, which get `sigterm_grace_s` to checkpoint.
+Time comes from a Clock in ShellConfig, so unit tests drive the loops with a fake one.
 """
 
 from __future__ import annotations
@@ -25,20 +28,14 @@ from pathlib import Path
 from entrypoint.coordination import MasterChannel, WorkerChannel
 from entrypoint.failure import (
     STOPPED_EXIT_CODE,
+    Failure,
     Reason,
-    format_failure,
-    parse_failure,
     record_failure,
 )
-from entrypoint.launchers import KILL_WAIT_S, LocalPart, terminate
-from entrypoint.plan import JobPlan
-from entrypoint.protocol import (
-    Exited,
-    Verdict,
-    chief_verdict,
-    per_host_verdict,
-    suspect_peers,
-)
+from entrypoint.launchers import KILL_WAIT_S, LocalPart, local_part, terminate
+from entrypoint.names import MASTER_SILENCE_LINE, WORKER_SILENCE_LINE
+from entrypoint.plan import JobPlan, VerdictRule, format_command
+from entrypoint.protocol import Exited, Verdict, host_verdict, suspect_peers
 
 log = logging.getLogger("entrypoint")
 
@@ -63,15 +60,31 @@ SSH_RETRY_S = 0.2
 class JobError(Exception):
     """A failure with a reason: written to the failure file, then the entry point exits."""
 
-    def __init__(
-        self, reason: Reason, message: str, exit_code: int = 1, *, located: bool = False
-    ) -> None:
+    def __init__(self, reason: Reason, message: str, exit_code: int = 1) -> None:
         super().__init__(message)
         self.reason = reason
         self.message = message
         self.exit_code = exit_code
-        # The message already names the host it happened on (a worker's reported failure).
-        self.located = located
+
+    def failure_on(self, host: str) -> Failure:
+        """The failure as it happened on `host` (this one)."""
+        return Failure(self.reason, self.message, host)
+
+
+class Clock:
+    """The loops' only source of time: the monotonic clock, and a wait that wakes early when
+    the stop event is first set (tests pass a fake that advances time by hand)."""
+
+    def now(self) -> float:
+        return time.monotonic()
+
+    def wait(self, stop: threading.Event, seconds: float) -> None:
+        # Once stop is set, Event.wait returns at once: sleep instead, or the loops would spin
+        # through the grace period.
+        if stop.is_set():
+            time.sleep(seconds)
+        else:
+            stop.wait(seconds)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,6 +94,7 @@ class ShellConfig:
     output_dir: Path
     host_wait_timeout_s: float
     sigterm_grace_s: float
+    clock: Clock = dataclasses.field(default_factory=Clock)
 
 
 class Sshd:
@@ -92,11 +106,6 @@ class Sshd:
         argv = [SSHD, "-D", "-e", "-o", f"SetEnv=SM_CURRENT_HOST={current_host}"]
         log.info("starting sshd")
         self._process = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
-
-    def check_alive(self) -> None:
-        code = self._process.poll()
-        if code is not None:
-            raise JobError(Reason.INTERNAL, f"sshd exited with code {code}")
 
     def stop(self) -> None:
         terminate(self._process)
@@ -175,12 +184,13 @@ def wait_for_workers(
     stop: threading.Event,
     *,
     ssh_check: bool,
+    clock: Clock,
 ) -> None:
     """Until every worker is connected to the channel and, where mpirun will ssh to it, accepts
     the job's ssh key; or raise. A worker is ssh-checked only once it connected (its container
     exists and its sshd started, so no ssh waits on a name that does not resolve yet), with at
     most MAX_SSH_CHECKS_IN_FLIGHT handshakes at once."""
-    started = time.monotonic()
+    started = clock.now()
     deadline = started + timeout_s
     checks = _SshChecks()
     log.info("waiting up to %.0f s for %d workers", timeout_s, len(workers))
@@ -190,7 +200,7 @@ def wait_for_workers(
             if lost:
                 host, why = next(iter(lost.items()))
                 raise JobError(Reason.HOST_LOST, f"host {host} lost before the start: {why}")
-            now = time.monotonic()
+            now = clock.now()
             connected = channel.connected()
             if ssh_check:
                 checks.advance(connected, now)
@@ -204,10 +214,10 @@ def wait_for_workers(
             if now >= deadline:
                 message = _unready_message(workers, connected, set(ready), timeout_s)
                 raise JobError(Reason.WORKER_UNREACHABLE, message)
-            stop.wait(0.05)
+            clock.wait(stop, 0.05)
     finally:
         checks.close()
-    log.info("all %d workers ready after %.1f s", len(workers), time.monotonic() - started)
+    log.info("all %d workers ready after %.1f s", len(workers), clock.now() - started)
 
 
 def _unready_message(
@@ -224,16 +234,15 @@ def _unready_message(
 # Master
 
 
-def _part_failure(host: str, part: LocalPart, exit_code: int) -> str | None:
-    """The failure line for a local part that ended with `exit_code` (None for success)."""
+def _part_failure(host: str, part: LocalPart, exit_code: int) -> Failure | None:
+    """The failure of a local part that ended with `exit_code` (None for success)."""
     if exit_code == 0:
         return None
     detail = part.failure_detail()
-    return format_failure(
+    return Failure(
         Reason.TRAINING_FAILED,
-        f"the program exited with code {exit_code}"
-        + (f"; last error: {detail}" if detail else "")
-        + f" (on {host})",
+        f"the program exited with code {exit_code}" + (f"; last error: {detail}" if detail else ""),
+        host,
     )
 
 
@@ -246,42 +255,40 @@ def _mpirun_failure(part: LocalPart, exit_code: int) -> JobError:
     )
 
 
-def _error_from_verdict(verdict: Verdict) -> JobError | None:
-    if verdict.exit_code == 0:
-        return None
-    reason, message = parse_failure(verdict.failure or "")
-    return JobError(reason, message, verdict.exit_code, located=True)
-
-
 class _Grace:
     """SIGTERM handling shared by both loops: forward once, then a deadline."""
 
-    def __init__(self, stop: threading.Event, part: LocalPart, grace_s: float) -> None:
+    def __init__(
+        self, stop: threading.Event, part: LocalPart, grace_s: float, clock: Clock
+    ) -> None:
         self._stop = stop
         self._part = part
         self._grace_s = grace_s
+        self._clock = clock
         self.deadline: float | None = None
 
     def check(self, *, extra_s: float = 0.0) -> bool:
         """Forward SIGTERM on the first call after a stop; True once the deadline passed."""
         if not self._stop.is_set():
             return False
-        now = time.monotonic()
+        now = self._clock.now()
         if self.deadline is None:
             self._part.forward_sigterm(self._grace_s)
             self.deadline = now + self._grace_s + extra_s
         return now >= self.deadline
 
 
-def _settle_lost(channel: MasterChannel | None) -> dict[str, str]:
+def _settle_lost(channel: MasterChannel | None, clock: Clock) -> dict[str, str]:
     """Hosts the channel reports lost within LOSS_SETTLE_S (a closed connection is seen in
     milliseconds; this only waits when mpirun failed)."""
-    deadline = time.monotonic() + LOSS_SETTLE_S
+    deadline = clock.now() + LOSS_SETTLE_S
+    # Nothing sets this: the wait is a plain sleep on the injected clock.
+    never = threading.Event()
     while channel is not None:
         lost = channel.lost()
-        if lost or time.monotonic() >= deadline:
+        if lost or clock.now() >= deadline:
             return lost
-        time.sleep(POLL_INTERVAL_S)
+        clock.wait(never, POLL_INTERVAL_S)
     return {}
 
 
@@ -291,7 +298,7 @@ def _host_lost(lost: dict[str, str]) -> JobError:
 
 
 def _mpirun_outcome(
-    code: int, part: LocalPart, channel: MasterChannel | None, stop: threading.Event
+    code: int, part: LocalPart, channel: MasterChannel | None, stop: threading.Event, clock: Clock
 ) -> JobError | None:
     log.info("mpirun exited with code %d", code)
     if stop.is_set():
@@ -302,7 +309,7 @@ def _mpirun_outcome(
     # explains the failure better than mpirun's exit code. A host cut off the network sends no
     # FIN; mpirun's ssh keep-alive gives up on it within ~10 s, before the silence bound, so a
     # worker silent for several heartbeats is the explanation then.
-    lost = _settle_lost(channel)
+    lost = _settle_lost(channel, clock)
     if lost:
         return _host_lost(lost)
     suspects = suspect_peers(channel.silences(), SUSPECT_SILENCE_S) if channel else []
@@ -323,33 +330,36 @@ def _supervise_master(
     channel: MasterChannel | None,
     config: ShellConfig,
     stop: threading.Event,
-) -> JobError | None:
-    """Until the job's outcome is known; returns why it failed, or None."""
-    grace = _Grace(stop, part, config.sigterm_grace_s)
-    reports = plan.backend.workers_report_exit
+) -> Verdict:
+    """Until the job's outcome is known: the verdict of the launch's rule, or a JobError for
+    what failed here (a lost host, mpirun's failure, a stop past its grace period)."""
+    clock = config.clock
+    grace = _Grace(stop, part, config.sigterm_grace_s, clock)
+    rule = plan.launch.verdict
+    chief = plan.master_host if rule is VerdictRule.CHIEF else None
     while True:
         code = part.poll()
         lost = channel.lost() if channel else {}
         if lost:
-            return _host_lost(lost)
-        if reports:
+            raise _host_lost(lost)
+        if rule is VerdictRule.MASTER_PART:
+            if code is not None:
+                error = _mpirun_outcome(code, part, channel, stop, clock)
+                if error is not None:
+                    raise error
+                return Verdict(0)
+        else:
             exits = channel.exits() if channel else {}
             if code is not None:
                 own_failure = _part_failure(plan.current_host, part, code)
                 exits[plan.current_host] = Exited(code, own_failure)
-            verdict = (
-                chief_verdict(plan.hosts, exits, plan.master_host, stopping=stop.is_set())
-                if plan.backend.chief_decides
-                else per_host_verdict(plan.hosts, exits, stopping=stop.is_set())
-            )
+            verdict = host_verdict(plan.hosts, exits, chief=chief, stopping=stop.is_set())
             if verdict is not None:
-                return _error_from_verdict(verdict)
-        elif code is not None:
-            return _mpirun_outcome(code, part, channel, stop)
+                return verdict
         if grace.check():
             log.warning("still running after the grace period: ending the job")
-            return JobError(Reason.STOPPED, "stopped by SIGTERM", STOPPED_EXIT_CODE)
-        stop.wait(POLL_INTERVAL_S)
+            raise JobError(Reason.STOPPED, "stopped by SIGTERM", STOPPED_EXIT_CODE)
+        clock.wait(stop, POLL_INTERVAL_S)
 
 
 def run_master(
@@ -358,8 +368,6 @@ def run_master(
     channel: MasterChannel | None,
     config: ShellConfig,
     stop: threading.Event,
-    *,
-    command_for_log: str,
 ) -> int:
     """The master's whole life after the contract was read: returns the job's exit code.
 
@@ -373,42 +381,31 @@ def run_master(
                     channel,
                     config.host_wait_timeout_s,
                     stop,
-                    ssh_check=plan.backend.needs_ssh,
+                    ssh_check=plan.launch.ssh_check,
+                    clock=config.clock,
                 )
                 channel.start_workers()
             log.info(
                 "running %d ranks on %d hosts: %s",
                 plan.total_ranks,
                 len(plan.hosts),
-                command_for_log,
+                format_command(list(plan.command)),
             )
             part.start()
-            failure = _supervise_master(plan, part, channel, config, stop)
+            verdict = _supervise_master(plan, part, channel, config, stop)
         except JobError as error:
-            failure = error
-        exit_code = 0 if failure is None else failure.exit_code
-        failure_line = (
-            None if failure is None else _record(config.output_dir, failure, plan.current_host)
-        )
+            verdict = Verdict(error.exit_code, error.failure_on(plan.current_host))
+        if verdict.failure is not None:
+            log.error("%s", verdict.failure.line)
+            # Every host records the failure that won here (a rank's own may have come first).
+            verdict = Verdict(verdict.exit_code, record_failure(config.output_dir, verdict.failure))
         if channel is not None:
-            verdict = Verdict(exit_code, failure_line)
             for host in channel.send_verdict(verdict, VERDICT_ACK_TIMEOUT_S):
                 log.warning("could not tell %s the job's result (it is gone)", host)
-            log.info("longest silence of a live worker: %.1f s", channel.longest_silence_s)
-        return exit_code
+            log.info("%s: %.1f s", WORKER_SILENCE_LINE, channel.longest_silence_s)
+        return verdict.exit_code
     finally:
         part.end()
-
-
-def _record(output_dir: Path, failure: JobError, host: str) -> str:
-    """Write the failure file (the first cause wins) and return the line now in it."""
-    message = failure.message if failure.located else f"{failure.message} (on {host})"
-    log.error("%s", format_failure(failure.reason, message))
-    record_failure(output_dir, failure.reason, message)
-    try:
-        return (output_dir / "failure").read_text(encoding="utf-8").strip()
-    except OSError:
-        return format_failure(failure.reason, message)
 
 
 # --------------------------------------------------------------------------------------------
@@ -422,18 +419,19 @@ def _supervise_worker(
     config: ShellConfig,
     stop: threading.Event,
 ) -> int:
-    reports = plan.backend.workers_report_exit
-    grace = _Grace(stop, part, config.sigterm_grace_s)
-    started = not reports  # an MPI worker's part needs no start: orted arrives over ssh
-    reported = False
+    launch = plan.launch
+    clock = config.clock
+    grace = _Grace(stop, part, config.sigterm_grace_s, clock)
+    # A part that does not start on the master's Start arrives on its own (mpirun's orted).
+    started = not launch.worker_starts_on_start
+    reported = not launch.worker_reports_exit
     while True:
         verdict = channel.verdict
         if verdict is not None:
             part.end()
             log.info("master %s reports exit code %d", plan.master_host, verdict.exit_code)
-            if verdict.exit_code != 0 and verdict.failure:
-                reason, message = parse_failure(verdict.failure)
-                record_failure(config.output_dir, reason, message)
+            if verdict.exit_code != 0 and verdict.failure is not None:
+                record_failure(config.output_dir, verdict.failure)
             return verdict.exit_code
         if channel.lost is not None:
             part.end()
@@ -450,7 +448,7 @@ def _supervise_worker(
         if grace.check(extra_s=2 * KILL_WAIT_S):
             part.end()
             raise JobError(Reason.STOPPED, "stopped by SIGTERM", STOPPED_EXIT_CODE)
-        stop.wait(POLL_INTERVAL_S)
+        clock.wait(stop, POLL_INTERVAL_S)
 
 
 def run_worker(
@@ -463,16 +461,55 @@ def run_worker(
     """A worker's whole life after the contract was read: returns the master's verdict."""
     try:
         return _supervise_worker(plan, part, channel, config, stop)
-    except JobError as failure:
-        _record(config.output_dir, failure, plan.current_host)
-        return failure.exit_code
+    except JobError as error:
+        failure = error.failure_on(plan.current_host)
+        log.error("%s", failure.line)
+        record_failure(config.output_dir, failure)
+        return error.exit_code
     finally:
-        log.info("longest silence of the master: %.1f s", channel.longest_silence_s)
+        log.info("%s: %.1f s", MASTER_SILENCE_LINE, channel.longest_silence_s)
 
 
 def master_arrival_deadline(config: ShellConfig) -> float:
     """Until when a worker tries to reach its master (monotonic clock)."""
-    return time.monotonic() + config.host_wait_timeout_s + MASTER_ARRIVAL_MARGIN_S
+    return config.clock.now() + config.host_wait_timeout_s + MASTER_ARRIVAL_MARGIN_S
+
+
+# --------------------------------------------------------------------------------------------
+# This host's whole job
+
+
+def run_host(
+    plan: JobPlan, config: ShellConfig, stop: threading.Event, *, job_key: bytes | None
+) -> int:
+    """Start sshd where the launch needs it, open this host's end of the coordination channel
+    (multi-host jobs), and run the master's or the worker's loop over this host's part."""
+    part = local_part(plan.launch, is_master=plan.is_master)
+    # sshd first: a worker that connects to the channel is one that mpirun can reach.
+    sshd = Sshd(plan.current_host) if job_key and plan.launch.runs_sshd else None
+    try:
+        if plan.is_master:
+            channel = MasterChannel(job_key=job_key, workers=plan.worker_hosts) if job_key else None
+            try:
+                return run_master(plan, part, channel, config, stop)
+            finally:
+                if channel is not None:
+                    channel.close()
+        if job_key is None:
+            raise AssertionError("a worker always has a job key")
+        worker_channel = WorkerChannel(
+            job_key=job_key,
+            host=plan.current_host,
+            master=plan.master_host,
+            deadline=master_arrival_deadline(config),
+        )
+        try:
+            return run_worker(plan, part, worker_channel, config, stop)
+        finally:
+            worker_channel.close()
+    finally:
+        if sshd is not None:
+            sshd.stop()
 
 
 # --------------------------------------------------------------------------------------------

@@ -27,7 +27,7 @@ from entrypoint.contract import (
     parse_entrypoint_settings,
     program_hyperparameters,
 )
-from entrypoint.plan import SSH_SEED_ENV
+from entrypoint.names import JOB_SECRET_ENV, OLD_JOB_SECRET_ENV
 from launch.errors import LaunchError
 from model.hparams import parse_hyperparameters
 
@@ -393,8 +393,8 @@ def _check_channels(config: TrainConfig) -> None:
 def _check_environment(config: TrainConfig) -> None:
     env_keys = [k for k, _ in config.environment]
     for key in env_keys:
-        if key == SSH_SEED_ENV:
-            raise LaunchError(f"{SSH_SEED_ENV} is set by the launcher, fresh for each job")
+        if key in (JOB_SECRET_ENV, OLD_JOB_SECRET_ENV):
+            raise LaunchError(f"{key} is set by the launcher, fresh for each job")
         if not ENV_KEY_RE.fullmatch(key):
             raise LaunchError(f"environment variable name {key!r} is not [A-Za-z_][A-Za-z0-9_]*")
     if len(set(env_keys)) != len(env_keys):
@@ -517,7 +517,7 @@ def build_request(
         },
         "StoppingCondition": stopping,
         "HyperParameters": _hyperparameters(config),
-        "Environment": {**dict(config.environment), SSH_SEED_ENV: config.ssh_seed},
+        "Environment": {**dict(config.environment), JOB_SECRET_ENV: config.ssh_seed},
         "EnableNetworkIsolation": config.network_isolation,
         "EnableInterContainerTrafficEncryption": config.inter_container_encryption,
         "EnableManagedSpotTraining": config.spot,
@@ -542,11 +542,12 @@ def build_request(
 
 
 def redact(request: Mapping[str, Any]) -> dict[str, Any]:
-    """A deep copy of `request` safe to print: the ssh seed replaced by `<redacted>`."""
+    """A deep copy of `request` safe to print: the job's secret replaced by `<redacted>`."""
     shown = copy.deepcopy(dict(request))
     env = shown.get("Environment")
-    if isinstance(env, dict) and SSH_SEED_ENV in env:
-        env[SSH_SEED_ENV] = REDACTED
+    for secret in (JOB_SECRET_ENV, OLD_JOB_SECRET_ENV):
+        if isinstance(env, dict) and secret in env:
+            env[secret] = REDACTED
     return shown
 
 

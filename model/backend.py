@@ -1,6 +1,6 @@
 """Which distribution backend the built-in model runs on, from what the entry point says.
 
-The entry point sets SM_HVD_BACKEND for tf.distribute's strategies (entrypoint/plan.py);
+The entry point sets SM_HVD_BACKEND (entrypoint/names.py) for tf.distribute's strategies;
 without it (mpirun, or a container started by hand) the model runs on Horovod. Both modules
 provide the same functions (model/collective.py documents them).
 
@@ -16,11 +16,10 @@ import os
 from collections.abc import Mapping
 from types import ModuleType
 
-from entrypoint.contract import Backend
-from entrypoint.plan import BACKEND_ENV
+from entrypoint.names import BACKEND_ENV, MULTI_WORKER_MIRRORED_BACKEND
 
 HOROVOD = "horovod"
-MULTI_WORKER_MIRRORED = Backend.MULTI_WORKER_MIRRORED.value
+MULTI_WORKER_MIRRORED = MULTI_WORKER_MIRRORED_BACKEND
 
 
 def backend_name(env: Mapping[str, str]) -> str:

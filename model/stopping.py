@@ -9,8 +9,11 @@ from __future__ import annotations
 import signal
 import types
 
-# The exit status of a process killed by SIGTERM (128 + 15), which callers expect.
-STOPPED_EXIT_CODE = 128 + signal.SIGTERM
+# The exit status of a process killed by SIGTERM (128 + 15), which callers expect; defined once,
+# for the entry point too.
+from entrypoint.names import STOPPED_EXIT_CODE
+
+__all__ = ["STOPPED_EXIT_CODE", "StopRequest"]
 
 
 class StopRequest:

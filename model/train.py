@@ -13,7 +13,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from entrypoint.failure import Reason, record_failure
+from entrypoint.failure import Failure, Reason, record_failure
 from model.hparams import HyperparameterError, parse_argv, parse_hyperparameters
 from model.images import DataError
 from model.paths import paths_from_env
@@ -50,7 +50,7 @@ def launcher_rank(env: Mapping[str, str]) -> str:
 
 def _fail(output_dir: Path, reason: Reason, message: str) -> int:
     log.error("%s: %s", reason.value, message)
-    record_failure(output_dir, reason, message)
+    record_failure(output_dir, Failure(reason, message))
     return FAILED_EXIT_CODE
 
 
@@ -94,7 +94,9 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     # Anything else is a bug or an environment problem: one traceback, one failure line.
     except Exception as error:
         log.exception("training failed")
-        record_failure(paths.output_dir, Reason.TRAINING_FAILED, f"{type(error).__name__}: {error}")
+        record_failure(
+            paths.output_dir, Failure(Reason.TRAINING_FAILED, f"{type(error).__name__}: {error}")
+        )
         return FAILED_EXIT_CODE
 
 

@@ -20,7 +20,6 @@ from entrypoint.contract import (
     parse_custom_mpi_options,
     read_contract,
 )
-from entrypoint.main import failed_requirement, last_error_line
 from entrypoint.plan import make_plan
 
 RESOURCE = {
@@ -81,9 +80,9 @@ def test_hyperparameters_are_decoded_and_split():
         "model": "small_cnn",
         "raw": "not json",
     }
-    assert contract.ranks_per_host == 2
-    assert contract.host_wait_timeout_s == 30.0
-    assert contract.sigterm_grace_s == 15.5
+    assert contract.settings.ranks_per_host == 2
+    assert contract.settings.host_wait_timeout_s == 30.0
+    assert contract.settings.sigterm_grace_s == 15.5
     assert contract.all_hyperparameters["epochs"] == 3
     assert isinstance(contract.program, BuiltinProgram)
 
@@ -91,8 +90,8 @@ def test_hyperparameters_are_decoded_and_split():
 def test_defaults_without_optional_files():
     contract = parse(resource={"current_host": "algo-1", "hosts": ["algo-1"]})
     assert contract.network_interface_name == "eth0"
-    assert contract.ranks_per_host is None
-    assert contract.host_wait_timeout_s == 300.0
+    assert contract.settings.ranks_per_host is None
+    assert contract.settings.host_wait_timeout_s == 300.0
     assert contract.channels == ()
     assert contract.current_instance_type == "local"
 
@@ -217,7 +216,7 @@ def test_sdk_mpi_distribution_is_honoured():
 def test_toolkit_defaults_without_its_hyperparameters():
     contract = parse(hyperparameters={"epochs": "1"}, env={"AWS_REGION": "us-west-2"})
     assert contract.settings == EntrypointSettings()
-    assert contract.backend is Backend.MPI
+    assert contract.settings.backend is Backend.MPI
     assert contract.toolkit_environment == {
         "SAGEMAKER_JOB_NAME": "",
         "SAGEMAKER_REGION": "us-west-2",
@@ -232,8 +231,11 @@ def test_job_name_falls_back_to_the_hyperparameter():
 
 
 def test_mpi_disabled_is_the_per_host_backend():
-    assert parse(hyperparameters={"sagemaker_mpi_enabled": "false"}).backend is Backend.PER_HOST
-    assert parse(hyperparameters={"sagemaker_mpi_enabled": "True"}).backend is Backend.MPI
+    assert (
+        parse(hyperparameters={"sagemaker_mpi_enabled": "false"}).settings.backend
+        is Backend.PER_HOST
+    )
+    assert parse(hyperparameters={"sagemaker_mpi_enabled": "True"}).settings.backend is Backend.MPI
 
 
 @pytest.mark.parametrize(
@@ -246,7 +248,7 @@ def test_mpi_disabled_is_the_per_host_backend():
     ],
 )
 def test_ranks_per_host_has_two_names(hyperparameters, ranks):
-    assert parse(hyperparameters=hyperparameters).ranks_per_host == ranks
+    assert parse(hyperparameters=hyperparameters).settings.ranks_per_host == ranks
 
 
 @pytest.mark.parametrize(
@@ -319,7 +321,7 @@ def test_distributions_this_image_cannot_run(name, message):
         parse(hyperparameters={name: "true"})
     assert str(raised.value) == f"{Path('/opt/ml/input/config/hyperparameters.json')}: {message}"
     # The SDK sends false for the ones it was not asked for: those are fine.
-    assert parse(hyperparameters={name: "false"}).backend is Backend.MPI
+    assert parse(hyperparameters={name: "false"}).settings.backend is Backend.MPI
 
 
 @pytest.mark.parametrize(
@@ -355,26 +357,3 @@ def test_toolkit_hyperparameter_errors_are_one_line(hyperparameters, message):
     text = str(raised.value)
     assert text.startswith(f"{Path('/opt/ml/input/config/hyperparameters.json')}: {message}")
     assert "\n" not in text
-
-
-# --- script mode: requirements.txt, pip's output
-
-
-@pytest.mark.parametrize(
-    ("output", "package"),
-    [
-        ("ERROR: Could not find a version that satisfies the requirement nosuchpkg==1.0 "
-         "(from versions: none)\nERROR: No matching distribution found for nosuchpkg==1.0\n",
-         "nosuchpkg==1.0"),
-        ("  error: subprocess-exited-with-error\nERROR: Failed to build badwheel\n", "badwheel"),
-        ("ERROR: Invalid requirement: '!!'\n", None),
-    ],
-)  # fmt: skip
-def test_failed_requirement_names_the_package(output, package):
-    assert failed_requirement(output) == package
-
-
-def test_last_error_line():
-    assert last_error_line("a\nERROR: first\nb\nERROR: second\nc\n") == "ERROR: second"
-    assert last_error_line("just\nlines\n") == "lines"
-    assert last_error_line("") == "(no output)"

@@ -19,6 +19,7 @@ import pytest
 
 from entrypoint import session as session_module
 from entrypoint.coordination import MasterChannel, WorkerChannel
+from entrypoint.failure import Failure, Reason
 from entrypoint.protocol import (
     BOTH_WAYS,
     MESSAGES,
@@ -164,11 +165,12 @@ def test_workers_connect_start_report_and_get_the_verdict(master, connect):
     master.start_workers()
     until(lambda: all(worker.started for worker in workers))
     workers[0].send_exited(0, None)
-    workers[1].send_exited(4, "TrainingFailed: boom (on algo-3)")
+    workers[1].send_exited(4, Failure(Reason.TRAINING_FAILED, "boom", "algo-3"))
     until(lambda: len(master.exits()) == 2)
-    assert master.exits()["algo-3"].failure == "TrainingFailed: boom (on algo-3)"
-    assert master.send_verdict(Verdict(4, "TrainingFailed: boom"), timeout_s=5) == []
-    assert [worker.verdict for worker in workers] == [Verdict(4, "TrainingFailed: boom")] * 2
+    assert master.exits()["algo-3"].failure == Failure(Reason.TRAINING_FAILED, "boom", "algo-3")
+    verdict = Verdict(4, Failure(Reason.TRAINING_FAILED, "boom", "algo-3"))
+    assert master.send_verdict(verdict, timeout_s=5) == []
+    assert [worker.verdict for worker in workers] == [verdict] * 2
     master.close()
     until(lambda: all(worker._session.ending for worker in workers))  # it saw the close
     # The master closing after the verdict is not a lost master.
@@ -182,7 +184,9 @@ def test_a_closed_connection_is_a_lost_host_at_once(master, connect):
     workers[1].close()
     until(master.lost)  # on a clock that never moves: not by silence
     assert master.lost() == {"algo-3": "its connection closed (process or container gone)"}
-    assert master.send_verdict(Verdict(1, "HostLost: x"), timeout_s=2) == ["algo-3"]
+    assert master.send_verdict(Verdict(1, Failure(Reason.HOST_LOST, "x")), timeout_s=2) == [
+        "algo-3"
+    ]
 
 
 def test_the_master_gone_is_a_lost_master_at_once(master, connect):

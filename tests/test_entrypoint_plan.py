@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
 from entrypoint.contract import parse_contract
-from entrypoint.failure import MESSAGE_LIMIT, Reason, format_failure, record_failure
+from entrypoint.launchers import MpirunPart, OrtedPart, ProgramPart, TaskGroupPart, local_part
 from entrypoint.plan import (
+    HostProcess,
+    MpiLaunch,
+    ProcessesLaunch,
+    VerdictRule,
     build_mpirun_argv,
     format_command,
     is_exportable,
@@ -81,6 +86,7 @@ def test_user_script_runs_in_the_code_dir():
         ("SM_CURRENT_INSTANCE_TYPE", False),
         ("SM_TRAINING_ENV", False),
         ("SM_HVD_SSH_SEED", False),
+        ("SM_HVD_JOB_SECRET", False),
         ("CUDA_VISIBLE_DEVICES", False),
         ("HOME", False),
         ("HOSTNAME", False),
@@ -94,9 +100,15 @@ def test_is_exportable(name, exportable):
 
 def test_rank_environment_adds_defaults_and_drops_the_secret():
     plan = make_plan(contract(), gpu_count=0)
-    base = {"PATH": "/bin", "SM_HVD_SSH_SEED": "s3cret", "NCCL_SOCKET_IFNAME": "ens5"}
+    base = {
+        "PATH": "/bin",
+        "SM_HVD_SSH_SEED": "s3cret",
+        "SM_HVD_JOB_SECRET": "s3cret",
+        "NCCL_SOCKET_IFNAME": "ens5",
+    }
     env = rank_environment(base, {"SM_HOSTS": '["algo-1","algo-2"]'}, plan)
     assert "SM_HVD_SSH_SEED" not in env
+    assert "SM_HVD_JOB_SECRET" not in env
     assert env["NCCL_SOCKET_IFNAME"] == "ens5"  # the user's value wins
     assert env["HOROVOD_GLOO_IFACE"] == "eth1"
     assert env["HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"] == "300"
@@ -119,17 +131,6 @@ def test_sagemaker_environment_matches_the_toolkit_names():
     assert env["SM_NUM_CPUS"] == "2"
     assert env["SM_USER_ARGS"] == '["--epochs","2"]'
     assert "SM_HP_RANKS_PER_HOST" not in env
-
-
-def test_failure_line_is_one_capped_line(tmp_path):
-    line = format_failure(Reason.BAD_INPUT, "a\nb " + "x" * 5000)
-    assert line.startswith("BadInput: a b x")
-    assert len(line) == MESSAGE_LIMIT
-    assert "\n" not in line
-    assert record_failure(tmp_path, Reason.HOST_LOST, "first")
-    assert not record_failure(tmp_path, Reason.TRAINING_FAILED, "second")
-    assert (tmp_path / "failure").read_text() == "HostLost: first\n"
-    assert [p.name for p in tmp_path.iterdir()] == ["failure"]
 
 
 @pytest.mark.parametrize(
@@ -174,3 +175,96 @@ def test_sdk_mpi_distribution_shapes_the_command():
 def test_processes_per_host_overrides_the_gpu_count():
     hyperparameters = {"sagemaker_mpi_num_of_processes_per_host": "1", "epochs": "1"}
     assert make_plan(contract(hyperparameters=hyperparameters), gpu_count=8).ranks_per_host == 1
+
+
+# --------------------------------------------------------------------------------------------
+# The Launch per backend: what the supervising loops obey
+
+MWMS = "sagemaker_multi_worker_mirrored_strategy_enabled"
+PS = "sagemaker_parameter_server_enabled"
+SCRIPT = {"sagemaker_program": "train.py", "epochs": "2"}
+PROGRAM = ("python", "train.py", "--epochs", "2")
+
+
+@pytest.mark.parametrize(
+    ("hyperparameters", "current", "expected"),
+    [
+        # backend: (launch type, sshd, ssh check, worker reports exit, worker starts on Start,
+        #           verdict rule, ranks per host (8 GPUs), chief task, (task, prefix) per process)
+        ({}, "algo-1",
+         (MpiLaunch, True, True, False, False, VerdictRule.MASTER_PART, 8, None, None)),
+        ({"sagemaker_mpi_enabled": "false"}, "algo-2",
+         (ProcessesLaunch, False, False, True, True, VerdictRule.EVERY_HOST, 8, None,
+          ((None, ""),))),
+        ({MWMS: "true"}, "algo-2",
+         (ProcessesLaunch, False, False, True, True, VerdictRule.EVERY_HOST, 1, None,
+          (("worker:1", ""),))),
+        ({PS: "true"}, "algo-1",
+         (ProcessesLaunch, False, False, True, True, VerdictRule.CHIEF, 1, "chief:0",
+          (("chief:0", "[chief:0] "), ("worker:0", "[worker:0] "), ("ps:0", "[ps:0] ")))),
+        ({PS: "true"}, "algo-2",
+         (ProcessesLaunch, False, False, True, True, VerdictRule.CHIEF, 1, None,
+          (("worker:1", "[worker:1] "), ("ps:1", "[ps:1] ")))),
+    ],
+    ids=["mpi", "per-host", "mwms", "ps-master", "ps-worker"],
+)  # fmt: skip
+def test_make_plan_chooses_one_launch_per_backend(hyperparameters, current, expected):
+    kind, sshd, ssh_check, reports, on_start, verdict, ranks, chief, processes = expected
+    plan = make_plan(
+        contract(current=current, hyperparameters={**SCRIPT, **hyperparameters}),
+        gpu_count=8,
+        cpu_count=4,
+        env={"PATH": "/bin", "SM_HVD_JOB_SECRET": "s3cret"},
+    )
+    launch = plan.launch
+    assert type(launch) is kind
+    assert (launch.runs_sshd, launch.ssh_check) == (sshd, ssh_check)
+    assert (launch.worker_reports_exit, launch.worker_starts_on_start) == (reports, on_start)
+    assert launch.verdict is verdict
+    assert plan.ranks_per_host == ranks
+    # The program's environment: ours without the secret, the toolkit's, the defaults.
+    assert plan.environment["PATH"] == "/bin"
+    assert "SM_HVD_JOB_SECRET" not in plan.environment
+    assert plan.environment["SM_NUM_GPUS"] == "8"
+    assert plan.environment["SM_NUM_CPUS"] == "4"
+    assert plan.environment["SM_LOG_LEVEL"] == "20"
+    assert plan.environment["HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"] == "300"
+    if isinstance(launch, MpiLaunch):
+        assert launch.argv == tuple(build_mpirun_argv(plan, plan.environment))
+        assert launch.argv[-4:] == PROGRAM
+        assert plan.command == launch.argv
+        assert launch.env == plan.environment
+        return
+    assert plan.command == PROGRAM
+    assert launch.chief_task == chief
+    assert tuple((process.task, process.prefix) for process in launch.processes) == processes
+    for process in launch.processes:
+        assert process.argv == PROGRAM
+        assert process.working_dir == Path("/opt/ml/code")
+        if process.task is not None:
+            assert json.loads(process.env["TF_CONFIG"])["task"]["type"] in process.task
+            assert process.env["SM_HVD_BACKEND"] == plan.backend.value
+        else:
+            assert process.env == plan.environment
+
+
+def test_local_part_follows_the_launch():
+    def part(hyperparameters, current="algo-1"):
+        plan = make_plan(
+            contract(current=current, hyperparameters={**SCRIPT, **hyperparameters}), gpu_count=0
+        )
+        return local_part(plan.launch, is_master=plan.is_master)
+
+    assert type(part({})) is MpirunPart
+    assert type(part({}, current="algo-2")) is OrtedPart
+    assert type(part({"sagemaker_mpi_enabled": "false"})) is ProgramPart
+    assert type(part({MWMS: "true"})) is TaskGroupPart
+    assert type(part({PS: "true"}, current="algo-2")) is TaskGroupPart
+
+
+def test_a_processes_launch_refuses_what_its_loops_cannot_obey():
+    program = HostProcess(("python", "train.py"), {}, None)
+    with pytest.raises(ValueError, match="at least one process"):
+        ProcessesLaunch(())
+    with pytest.raises(ValueError, match="cannot decide"):
+        ProcessesLaunch((program,), VerdictRule.MASTER_PART)

@@ -7,7 +7,7 @@ import struct
 
 import pytest
 
-from entrypoint.failure import Reason, parse_failure
+from entrypoint.failure import Failure, Reason, parse_failure
 from entrypoint.protocol import (
     CATALOG,
     MAX_FRAME_BYTES,
@@ -73,8 +73,12 @@ def test_keys_are_deterministic_and_separate():
         (Hello("algo-2"), b'{"host":"algo-2","type":"hello","version":2}'),
         (Heartbeat(), b'{"type":"heartbeat"}'),
         (Start(), b'{"type":"start"}'),
-        (Exited(3, "TrainingFailed: x"),
-         b'{"exit_code":3,"failure":"TrainingFailed: x","type":"exited"}'),
+        (Exited(3, Failure(Reason.TRAINING_FAILED, "x", "algo-2")),
+         b'{"exit_code":3,"failure":{"host":"algo-2","message":"x","reason":"TrainingFailed"},'
+         b'"type":"exited"}'),
+        (Verdict(143, Failure(Reason.STOPPED, "stopped by SIGTERM")),
+         b'{"exit_code":143,"failure":{"host":null,"message":"stopped by SIGTERM",'
+         b'"reason":"Stopped"},"type":"verdict"}'),
         (Verdict(0), b'{"exit_code":0,"failure":null,"type":"verdict"}'),
         (Ack(), b'{"type":"ack"}'),
         (Refused("protocol version 1 on algo-2, 2 on the master"),
@@ -106,7 +110,15 @@ def test_messages_as_exact_json(message, text):
         (b'{"type":"verdict","exit_code":true}', "exit code True is not an integer"),
         (b'{"type":"verdict","exit_code":256}', "exit code 256"),
         (b'{"type":"verdict","exit_code":"0"}', "exit code '0'"),
-        (b'{"type":"verdict","exit_code":1,"failure":5}', "failure must be a string"),
+        (b'{"type":"verdict","exit_code":1,"failure":5}', "a failure must be null or an object"),
+        (
+            b'{"type":"verdict","exit_code":1,"failure":{"reason":"Oops","message":"m","host":null}}',
+            "unknown failure reason 'Oops'",
+        ),
+        (
+            b'{"type":"exited","exit_code":1,"failure":{"reason":"Stopped","message":1,"host":null}}',
+            "message must be a string",
+        ),
         (b'{"type":"ack","extra":1}', "unexpected fields \\['extra'\\] in Ack"),
         (b"\xff\xfe", "malformed JSON"),
         (b'{"type":"request","request_id":-1,"body":{"type":"ack"}}', "request id -1"),
@@ -127,11 +139,13 @@ def test_malformed_messages_are_refused(text, error):
 def test_frames_round_trip_in_sequence():
     writer = FrameWriter(KEY, Direction.TO_WORKER)
     reader = FrameReader(KEY, Direction.TO_WORKER)
-    frames = [writer.encode(m) for m in (Heartbeat(), Start(), Verdict(1, "HostLost: x"))]
+    frames = [
+        writer.encode(m) for m in (Heartbeat(), Start(), Verdict(1, Failure(Reason.HOST_LOST, "x")))
+    ]
     assert [reader.decode(body(frame)) for frame in frames] == [
         Heartbeat(),
         Start(),
-        Verdict(1, "HostLost: x"),
+        Verdict(1, Failure(Reason.HOST_LOST, "x")),
     ]
     # length header, 32-byte tag, then the JSON
     assert frames[0][4 + TAG_BYTES :] == b'{"type":"heartbeat"}'
@@ -146,7 +160,9 @@ def test_a_forged_frame_is_refused():
 
 
 def test_a_tampered_frame_is_refused():
-    frame = bytearray(FrameWriter(KEY, Direction.TO_WORKER).encode(Verdict(1, "HostLost: x")))
+    frame = bytearray(
+        FrameWriter(KEY, Direction.TO_WORKER).encode(Verdict(1, Failure(Reason.HOST_LOST, "x")))
+    )
     frame[-10] ^= 1
     with pytest.raises(ProtocolError, match="authentication failed"):
         FrameReader(KEY, Direction.TO_WORKER).decode(body(bytes(frame)))
@@ -305,17 +321,18 @@ HOSTS = ("algo-1", "algo-2", "algo-3")
         ({}, False, None),
         ({"algo-1": Exited(0), "algo-2": Exited(0)}, False, None),
         ({"algo-1": Exited(0), "algo-2": Exited(0), "algo-3": Exited(0)}, False, Verdict(0)),
-        ({"algo-3": Exited(2, "TrainingFailed: boom (on algo-3)")}, False,
-         Verdict(2, "TrainingFailed: boom (on algo-3)")),
+        ({"algo-3": Exited(2, Failure(Reason.TRAINING_FAILED, "boom", "algo-3"))}, False,
+         Verdict(2, Failure(Reason.TRAINING_FAILED, "boom", "algo-3"))),
         ({"algo-2": Exited(1)}, False,
-         Verdict(1, "TrainingFailed: the program exited with code 1 (on algo-2)")),
+         Verdict(1, Failure(Reason.TRAINING_FAILED, "the program exited with code 1", "algo-2"))),
         # the first failing host in host order names the failure
-        ({"algo-3": Exited(3, "TrainingFailed: c"), "algo-2": Exited(2, "TrainingFailed: b")},
-         False, Verdict(2, "TrainingFailed: b")),
+        ({"algo-3": Exited(3, Failure(Reason.TRAINING_FAILED, "c")),
+          "algo-2": Exited(2, Failure(Reason.TRAINING_FAILED, "b"))},
+         False, Verdict(2, Failure(Reason.TRAINING_FAILED, "b"))),
         # stopping: every part gets its grace period, then the job was stopped
         ({"algo-1": Exited(143), "algo-2": Exited(143)}, True, None),
         ({"algo-1": Exited(143), "algo-2": Exited(0), "algo-3": Exited(143)}, True,
-         Verdict(143, "Stopped: stopped by SIGTERM")),
+         Verdict(143, Failure(Reason.STOPPED, "stopped by SIGTERM"))),
     ],
 )  # fmt: skip
 def test_per_host_verdict(exits, stopping, verdict):

@@ -16,6 +16,11 @@ def test_seed_preference():
         SeedSource.LAUNCHER_SECRET,
         b"s",
     )
+    # The secret's new name wins over its old one.
+    assert choose_seed({"SM_HVD_SSH_SEED": "old", "SM_HVD_JOB_SECRET": "new"}) == (
+        SeedSource.LAUNCHER_SECRET,
+        b"new",
+    )
     assert choose_seed({"TRAINING_JOB_ARN": "arn", "TRAINING_JOB_NAME": "j"})[0] is (
         SeedSource.JOB_ARN
     )

@@ -12,11 +12,20 @@ import pytest
 
 from entrypoint.contract import Backend, ContractError, parse_contract
 from entrypoint.coordination import CHANNEL_PORT
-from entrypoint.failure import STOPPED_EXIT_CODE
+from entrypoint.failure import STOPPED_EXIT_CODE, Failure, Reason
 from entrypoint.launchers import ProgramPart, TaskGroupPart
-from entrypoint.plan import BACKEND_ENV, host_tasks, make_plan, task_environment
+from entrypoint.plan import (
+    BACKEND_ENV,
+    MpiLaunch,
+    ProcessesLaunch,
+    VerdictRule,
+    host_tasks,
+    make_plan,
+    task_environment,
+)
 from entrypoint.protocol import Exited, Verdict, chief_verdict
 from entrypoint.tf_config import (
+    TF_CONFIG_ENV,
     Task,
     TaskType,
     mwms_cluster,
@@ -124,7 +133,7 @@ def test_task_names():
     ],
 )
 def test_the_sdk_hyperparameters_select_the_backend(hyperparameters, backend):
-    assert parse(hyperparameters).backend is backend
+    assert parse(hyperparameters).settings.backend is backend
 
 
 @pytest.mark.parametrize(
@@ -162,17 +171,20 @@ def test_bad_combinations_are_one_line(hyperparameters, hosts, message):
 
 def test_mwms_on_one_host_and_one_rank_are_fine():
     contract = parse({MWMS: "true", "ranks_per_host": "1"}, hosts=("algo-1",))
-    assert contract.backend is Backend.MULTI_WORKER_MIRRORED
+    assert contract.settings.backend is Backend.MULTI_WORKER_MIRRORED
 
 
 def test_strategies_need_no_ssh_and_report_exits():
-    for backend in (Backend.MULTI_WORKER_MIRRORED, Backend.PARAMETER_SERVER):
-        assert not backend.needs_ssh
-        assert backend.workers_report_exit
-        assert backend.uses_tf_config
-    assert Backend.PARAMETER_SERVER.chief_decides
-    assert not Backend.MULTI_WORKER_MIRRORED.chief_decides
-    assert not Backend.MPI.uses_tf_config
+    for hyperparameters in ({MWMS: "true"}, {PS: "true", "sagemaker_program": "ps.py"}):
+        launch = make_plan(parse(hyperparameters), gpu_count=0).launch
+        assert isinstance(launch, ProcessesLaunch)
+        assert not launch.runs_sshd
+        assert launch.worker_reports_exit
+        assert all(TF_CONFIG_ENV in process.env for process in launch.processes)
+    ps = make_plan(parse({PS: "true", "sagemaker_program": "ps.py"}), gpu_count=0).launch
+    assert ps.verdict is VerdictRule.CHIEF
+    assert make_plan(parse({MWMS: "true"}), gpu_count=0).launch.verdict is VerdictRule.EVERY_HOST
+    assert isinstance(make_plan(parse({}), gpu_count=0).launch, MpiLaunch)
 
 
 # --------------------------------------------------------------------------------------------
@@ -208,7 +220,9 @@ def test_task_environment():
 # --------------------------------------------------------------------------------------------
 # The chief decides (parameter servers)
 
-FAILED_2 = Exited(1, "TrainingFailed: the program exited with code 1; last error: task ps:1")
+FAILED_2 = Exited(
+    1, Failure(Reason.TRAINING_FAILED, "the program exited with code 1; last error: task ps:1")
+)
 
 
 @pytest.mark.parametrize(
@@ -225,7 +239,7 @@ FAILED_2 = Exited(1, "TrainingFailed: the program exited with code 1; last error
         (
             {"algo-1": Exited(143), "algo-2": Exited(143), "algo-3": Exited(0)},
             True,
-            Verdict(STOPPED_EXIT_CODE, "Stopped: stopped by SIGTERM"),
+            Verdict(STOPPED_EXIT_CODE, Failure(Reason.STOPPED, "stopped by SIGTERM")),
         ),
     ],
 )

@@ -84,7 +84,7 @@ BASE_REQUEST: dict[str, Any] = {
     "ResourceConfig": {"InstanceType": "ml.c5.xlarge", "InstanceCount": 1, "VolumeSizeInGB": 50},
     "StoppingCondition": {"MaxRuntimeInSeconds": 86400},
     "HyperParameters": {},
-    "Environment": {"SM_HVD_SSH_SEED": SEED},
+    "Environment": {"SM_HVD_JOB_SECRET": SEED},
     "EnableNetworkIsolation": False,
     "EnableInterContainerTrafficEncryption": False,
     "EnableManagedSpotTraining": False,
@@ -114,7 +114,7 @@ FULL_REQUEST: dict[str, Any] = {
         "sagemaker_program": "train.py",
         "sagemaker_submit_directory": "/opt/ml/input/data/code/sourcedir.tar.gz",
     },
-    "Environment": {"NCCL_DEBUG": "INFO", "SM_HVD_SSH_SEED": SEED},
+    "Environment": {"NCCL_DEBUG": "INFO", "SM_HVD_JOB_SECRET": SEED},
     "EnableNetworkIsolation": True,
     "EnableInterContainerTrafficEncryption": True,
     "EnableManagedSpotTraining": True,
@@ -249,9 +249,9 @@ def test_every_request_passes_the_service_model(name: str) -> None:
 def test_redact_hides_only_the_seed_and_leaves_the_request_alone() -> None:
     request = rq.build_request(FULL)
     shown = rq.redact(request)
-    assert shown["Environment"] == {"NCCL_DEBUG": "INFO", "SM_HVD_SSH_SEED": "<redacted>"}
+    assert shown["Environment"] == {"NCCL_DEBUG": "INFO", "SM_HVD_JOB_SECRET": "<redacted>"}
     assert SEED not in json.dumps(shown)
-    assert request["Environment"]["SM_HVD_SSH_SEED"] == SEED
+    assert request["Environment"]["SM_HVD_JOB_SECRET"] == SEED
     assert {k: v for k, v in shown.items() if k != "Environment"} == {
         k: v for k, v in request.items() if k != "Environment"
     }
@@ -463,6 +463,10 @@ INVALID: dict[str, tuple[dict[str, Any], str]] = {
     "seed-in-env": (
         {"environment": (("SM_HVD_SSH_SEED", "x"),)},
         "SM_HVD_SSH_SEED is set by the launcher, fresh for each job",
+    ),
+    "secret-in-env": (
+        {"environment": (("SM_HVD_JOB_SECRET", "x"),)},
+        "SM_HVD_JOB_SECRET is set by the launcher, fresh for each job",
     ),
     "env-name": (
         {"environment": (("1X", "x"),)},

@@ -83,7 +83,7 @@ def test_dry_run_prints_the_request_with_the_seed_redacted(
     assert code == 0, err
     request = json.loads(out)
     assert request["TrainingJobName"] == "j-1"
-    assert request["Environment"] == {"SM_HVD_SSH_SEED": "<redacted>"}
+    assert request["Environment"] == {"SM_HVD_JOB_SECRET": "<redacted>"}
     assert "CheckpointConfig" not in request
     names = [d["Name"] for d in request["AlgorithmSpecification"]["MetricDefinitions"]]
     assert names[:2] == ["epoch", "train:loss"]
@@ -275,7 +275,7 @@ def test_train_creates_uploads_waits_and_streams_every_host(
         "[algo-2] ready",
     ]
     (request,) = sent
-    seed = request["Environment"]["SM_HVD_SSH_SEED"]
+    seed = request["Environment"]["SM_HVD_JOB_SECRET"]
     assert re.fullmatch(r"[0-9a-f]{64}", seed)
     assert seed not in out + err
     assert request["HyperParameters"] == {
@@ -295,7 +295,7 @@ def record_seeds(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     seeds: list[str] = []
     session.events.register(
         "provide-client-params.sagemaker.CreateTrainingJob",
-        lambda params, **_: seeds.append(params["Environment"]["SM_HVD_SSH_SEED"]),
+        lambda params, **_: seeds.append(params["Environment"]["SM_HVD_JOB_SECRET"]),
     )
     monkeypatch.setattr(cli, "_session", lambda region: session)
     return seeds

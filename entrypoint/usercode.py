@@ -1,0 +1,91 @@
+"""Script mode: the user's code on every host before anything starts, as the toolkit does.
+
+The code is fetched from `sagemaker_submit_directory` (an s3:// tarball) unless SageMaker
+already placed it in /opt/ml/code, then its requirements.txt is installed with pip; a failure
+of either is one line naming the package or the source, before any host serves ssh or reports
+ready. The only module besides `supervise` and `launchers` that starts a process (pip).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from entrypoint.contract import ContractError, ContractPaths, UserScript
+
+log = logging.getLogger("entrypoint")
+
+REQUIREMENTS_FILE = "requirements.txt"
+# pip's own lines naming the requirement it could not install.
+_PIP_FAILED_REQUIREMENT = (
+    re.compile(r"No matching distribution found for (\S+)"),
+    re.compile(r"Could not find a version that satisfies the requirement (\S+)"),
+    re.compile(r"Failed to build (\S+)"),
+    re.compile(r"Failed building wheel for (\S+)"),
+)
+
+
+def failed_requirement(pip_output: str) -> str | None:
+    """The requirement pip names as the one it could not install, if it names one."""
+    for pattern in _PIP_FAILED_REQUIREMENT:
+        match = pattern.search(pip_output)
+        if match:
+            return match.group(1).rstrip(".,:")
+    return None
+
+
+def last_error_line(output: str) -> str:
+    """pip's last ERROR line (else its last line): the one that says what went wrong."""
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("ERROR:")]
+    return (errors or lines or ["(no output)"])[-1]
+
+
+def install_requirements(code_dir: Path) -> None:
+    """What the toolkit does for script mode (entry_point.install): pip install -r
+    requirements.txt from the source directory, into the image's Python, on every host."""
+    requirements = code_dir / REQUIREMENTS_FILE
+    if not requirements.is_file():
+        return
+    log.info("installing %s from the source directory", REQUIREMENTS_FILE)
+    command = [
+        sys.executable, "-m", "pip", "install", "--no-input", "--disable-pip-version-check",
+        "--progress-bar", "off", "-r", REQUIREMENTS_FILE,
+    ]  # fmt: skip
+    result = subprocess.run(
+        command, cwd=code_dir, capture_output=True, text=True, check=False, stdin=subprocess.DEVNULL
+    )
+    for line in (result.stdout + result.stderr).splitlines():
+        log.info("pip: %s", line)
+    if result.returncode != 0:
+        output = result.stdout + result.stderr
+        package = failed_requirement(output)
+        what = f"cannot install {package}" if package else "pip install failed"
+        raise ContractError(f"{REQUIREMENTS_FILE}: {what} ({last_error_line(output)})")
+
+
+def prepare_user_code(program: UserScript, paths: ContractPaths) -> None:
+    """Script mode: every host fetches the user's code before it serves ssh, so a worker that
+    answers the master is a worker that can run the script."""
+    if program.submit_dir != str(paths.code_dir):
+        # Imported only here: it pulls in boto3 (0.27 s, more on a busy host), and code that
+        # SageMaker already placed in /opt/ml/code needs no download.
+        from sagemaker_training import files  # noqa: PLC0415
+
+        log.info("fetching the user's code from %s", program.submit_dir)
+        try:
+            files.download_and_extract(program.submit_dir, str(paths.code_dir))
+        except Exception as error:  # noqa: BLE001 - boto3/tarfile/OS errors all mean the same
+            raise ContractError(
+                f"sagemaker_submit_directory {program.submit_dir}: cannot fetch ({error})"
+            ) from None
+    script = paths.code_dir / program.program
+    if not script.is_file():
+        raise ContractError(
+            f"sagemaker_program {program.program}: no such file in {paths.code_dir}"
+        )
+    # Before this host serves ssh or reports ready: a failed install fails the job here.
+    install_requirements(paths.code_dir)

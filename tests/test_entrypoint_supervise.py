@@ -1,0 +1,391 @@
+"""Unit tests of the supervising loops (supervise.py): a fake local part, fake channel ends and a
+fake clock stand in for processes, sockets and time, so each case runs in milliseconds.
+
+Real parts, channels and time are covered by tests/test_cluster.py and tests/test_tf_distribute.py
+(real containers); these pin the loops' decisions, case by case."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from entrypoint import supervise
+from entrypoint.contract import parse_contract
+from entrypoint.failure import Failure, Reason
+from entrypoint.launchers import KILL_WAIT_S
+from entrypoint.plan import JobPlan, make_plan
+from entrypoint.protocol import Exited, Verdict
+
+HOSTS = ("algo-1", "algo-2", "algo-3")
+GRACE_S = 30.0
+SCRIPT = {"sagemaker_program": "train.py"}
+PER_HOST = {**SCRIPT, "sagemaker_mpi_enabled": "false"}
+PS = {**SCRIPT, "sagemaker_parameter_server_enabled": "true"}
+
+
+class FakeClock:
+    """Time moves only when a loop waits; `at(t, action)` runs `action` once time reaches t."""
+
+    def __init__(self) -> None:
+        self.time = 0.0
+        self._actions: list[tuple[float, Callable[[], None]]] = []
+
+    def at(self, when: float, action: Callable[[], None]) -> None:
+        self._actions.append((when, action))
+
+    def now(self) -> float:
+        return self.time
+
+    def wait(self, stop: threading.Event, seconds: float) -> None:
+        del stop
+        self.time += seconds
+        due = [action for when, action in self._actions if when <= self.time]
+        self._actions = [(when, action) for when, action in self._actions if when > self.time]
+        for action in due:
+            action()
+        if self.time > 3600:
+            raise AssertionError("the loop never ended")
+
+
+@dataclasses.dataclass
+class FakePart:
+    """A local part whose exit code the test sets."""
+
+    code: int | None = None
+    detail: str | None = None
+    started: bool = False
+    ended: bool = False
+    sigterms: list[float] = dataclasses.field(default_factory=list)
+
+    def start(self) -> None:
+        self.started = True
+
+    def poll(self) -> int | None:
+        return self.code
+
+    def forward_sigterm(self, grace_s: float) -> None:
+        self.sigterms.append(grace_s)
+
+    def end(self) -> None:
+        self.ended = True
+
+    def failure_detail(self) -> str | None:
+        return self.detail
+
+
+@dataclasses.dataclass
+class FakeMasterChannel:
+    """The master's end: what the workers did is set by the test."""
+
+    connected_hosts: frozenset[str] = frozenset()
+    lost_hosts: dict[str, str] = dataclasses.field(default_factory=dict)
+    reported: dict[str, Exited] = dataclasses.field(default_factory=dict)
+    silent: dict[str, float] = dataclasses.field(default_factory=dict)
+    unacknowledged: list[str] = dataclasses.field(default_factory=list)
+    started: bool = False
+    dropped: list[tuple[str, str]] = dataclasses.field(default_factory=list)
+    verdicts: list[tuple[Verdict, float]] = dataclasses.field(default_factory=list)
+    longest_silence_s: float = 0.5
+
+    def connected(self) -> frozenset[str]:
+        return self.connected_hosts
+
+    def lost(self) -> dict[str, str]:
+        return dict(self.lost_hosts)
+
+    def exits(self) -> dict[str, Exited]:
+        return dict(self.reported)
+
+    def silences(self) -> dict[str, float]:
+        return dict(self.silent)
+
+    def drop(self, host: str, why: str) -> None:
+        self.dropped.append((host, why))
+
+    def start_workers(self) -> None:
+        self.started = True
+
+    def send_verdict(self, verdict: Verdict, timeout_s: float) -> list[str]:
+        self.verdicts.append((verdict, timeout_s))
+        return list(self.unacknowledged)
+
+
+@dataclasses.dataclass
+class FakeWorkerChannel:
+    """A worker's end: the master's Start, verdict or loss are set by the test."""
+
+    started: bool = False
+    verdict: Verdict | None = None
+    lost: str | None = None
+    sent: list[tuple[int, Failure | None]] = dataclasses.field(default_factory=list)
+    longest_silence_s: float = 0.5
+
+    def send_exited(self, exit_code: int, failure: Failure | None) -> None:
+        self.sent.append((exit_code, failure))
+
+
+def plan_for(hyperparameters: dict[str, str], current: str = "algo-1") -> JobPlan:
+    contract = parse_contract(
+        resource_config_text=json.dumps({"current_host": current, "hosts": list(HOSTS)}),
+        hyperparameters_text=json.dumps(hyperparameters),
+        input_data_config_text=None,
+        env={},
+    )
+    return make_plan(contract, gpu_count=0)
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def config(tmp_path: Path, clock: FakeClock) -> supervise.ShellConfig:
+    return supervise.ShellConfig(
+        output_dir=tmp_path, host_wait_timeout_s=60.0, sigterm_grace_s=GRACE_S, clock=clock
+    )
+
+
+def failure_file(config: supervise.ShellConfig) -> str | None:
+    path = config.output_dir / "failure"
+    return path.read_text() if path.exists() else None
+
+
+# --------------------------------------------------------------------------------------------
+# Master: before the start
+
+
+def test_a_stop_while_waiting_for_workers_stops_the_job(config, clock):
+    stop = threading.Event()
+    clock.at(2.0, stop.set)
+    part = FakePart()
+    channel = FakeMasterChannel(connected_hosts=frozenset({"algo-2"}))
+    code = supervise.run_master(plan_for(PER_HOST), part, channel, config, stop)
+    assert code == 143
+    assert not part.started
+    assert part.ended
+    assert not channel.started
+    assert failure_file(config) == "Stopped: stopped while waiting for workers (on algo-1)\n"
+    stopped = Failure(Reason.STOPPED, "stopped while waiting for workers", "algo-1")
+    assert channel.verdicts == [(Verdict(143, stopped), supervise.VERDICT_ACK_TIMEOUT_S)]
+    assert clock.time == pytest.approx(2.0)
+
+
+def test_a_host_lost_before_the_start_fails_the_job(config):
+    part = FakePart()
+    channel = FakeMasterChannel(lost_hosts={"algo-3": "its connection closed"})
+    code = supervise.run_master(plan_for(PER_HOST), part, channel, config, threading.Event())
+    assert code == 1
+    assert not part.started
+    assert failure_file(config) == (
+        "HostLost: host algo-3 lost before the start: its connection closed (on algo-1)\n"
+    )
+
+
+def test_workers_that_never_connect_are_unreachable_at_the_deadline(config, clock):
+    channel = FakeMasterChannel(connected_hosts=frozenset({"algo-2"}))
+    code = supervise.run_master(plan_for(PER_HOST), FakePart(), channel, config, threading.Event())
+    assert code == 1
+    assert failure_file(config) == (
+        "WorkerUnreachable: hosts algo-3 did not connect within 60 s (on algo-1)\n"
+    )
+    assert clock.time == pytest.approx(60.0, abs=0.1)
+
+
+# --------------------------------------------------------------------------------------------
+# Master: the verdict
+
+
+def test_every_host_reporting_0_is_success_and_every_worker_hears_it(config):
+    part = FakePart(code=0)
+    channel = FakeMasterChannel(
+        connected_hosts=frozenset({"algo-2", "algo-3"}),
+        reported={"algo-2": Exited(0), "algo-3": Exited(0)},
+    )
+    code = supervise.run_master(plan_for(PER_HOST), part, channel, config, threading.Event())
+    assert code == 0
+    assert part.started and channel.started
+    assert channel.verdicts == [(Verdict(0), supervise.VERDICT_ACK_TIMEOUT_S)]
+    assert failure_file(config) is None
+
+
+def test_a_worker_failing_fails_the_job_with_its_own_failure(config):
+    theirs = Failure(Reason.TRAINING_FAILED, "the program exited with code 3", "algo-3")
+    channel = FakeMasterChannel(
+        connected_hosts=frozenset({"algo-2", "algo-3"}), reported={"algo-3": Exited(3, theirs)}
+    )
+    code = supervise.run_master(plan_for(PER_HOST), FakePart(), channel, config, threading.Event())
+    assert code == 3
+    assert failure_file(config) == "TrainingFailed: the program exited with code 3 (on algo-3)\n"
+    assert channel.verdicts[0][0] == Verdict(3, theirs)
+
+
+def test_the_chief_ending_ends_a_parameter_server_job(config):
+    channel = FakeMasterChannel(connected_hosts=frozenset({"algo-2", "algo-3"}))
+    code = supervise.run_master(plan_for(PS), FakePart(code=0), channel, config, threading.Event())
+    assert code == 0
+    assert channel.verdicts[0][0] == Verdict(0)
+
+
+def test_a_verdict_nobody_acknowledges_is_logged_and_the_master_exits(config, caplog):
+    channel = FakeMasterChannel(
+        connected_hosts=frozenset({"algo-2", "algo-3"}),
+        reported={"algo-2": Exited(0), "algo-3": Exited(0)},
+        unacknowledged=["algo-3"],
+    )
+    caplog.set_level(logging.INFO, logger="entrypoint")
+    code = supervise.run_master(
+        plan_for(PER_HOST), FakePart(code=0), channel, config, threading.Event()
+    )
+    assert code == 0
+    assert "could not tell algo-3 the job's result (it is gone)" in caplog.text
+    assert "longest silence of a live worker: 0.5 s" in caplog.text
+
+
+def test_the_first_failure_recorded_wins_and_is_what_the_workers_hear(config):
+    # A rank on the master wrote its own failure first (the built-in model does).
+    (config.output_dir / "failure").write_text("BadData: channel train is empty\n")
+    channel = FakeMasterChannel(connected_hosts=frozenset({"algo-2", "algo-3"}))
+    code = supervise.run_master(
+        plan_for(PER_HOST), FakePart(code=2), channel, config, threading.Event()
+    )
+    assert code == 2
+    assert failure_file(config) == "BadData: channel train is empty\n"
+    assert channel.verdicts[0][0] == Verdict(2, Failure(Reason.BAD_DATA, "channel train is empty"))
+
+
+def test_the_master_ends_the_job_after_the_grace_period(config, clock):
+    stop = threading.Event()
+    clock.at(5.0, stop.set)
+    part = FakePart()
+    channel = FakeMasterChannel(connected_hosts=frozenset({"algo-2", "algo-3"}))
+    code = supervise.run_master(plan_for(PER_HOST), part, channel, config, stop)
+    assert code == 143
+    assert part.sigterms == [GRACE_S]
+    assert clock.time == pytest.approx(5.0 + GRACE_S, abs=0.2)
+    assert failure_file(config) == "Stopped: stopped by SIGTERM (on algo-1)\n"
+
+
+# --------------------------------------------------------------------------------------------
+# Master: mpirun's outcome
+
+
+def mpi_master(config, part, channel, stop=None):
+    plan = plan_for(SCRIPT)
+    return supervise._supervise_master(plan, part, channel, config, stop or threading.Event())
+
+
+def test_mpirun_succeeding_is_the_jobs_success(config):
+    assert mpi_master(config, FakePart(code=0), FakeMasterChannel()) == Verdict(0)
+
+
+def test_mpirun_failing_while_a_worker_is_silent_is_that_host_lost(config, clock):
+    channel = FakeMasterChannel(silent={"algo-2": 0.2, "algo-3": 5.0})
+    with pytest.raises(supervise.JobError) as error:
+        mpi_master(config, FakePart(code=1, detail="orted died"), channel)
+    assert error.value.reason is Reason.HOST_LOST
+    assert error.value.message == (
+        "host algo-3 lost during training: nothing heard for 5 s, and mpirun exited with code 1"
+    )
+    assert channel.dropped == [("algo-3", "nothing heard for 5 s")]
+    # The channel had LOSS_SETTLE_S to name a lost host first.
+    assert clock.time == pytest.approx(supervise.LOSS_SETTLE_S, abs=0.2)
+
+
+def test_mpirun_failing_when_a_host_is_lost_meanwhile_names_that_host(config, clock):
+    channel = FakeMasterChannel(silent={"algo-3": 5.0})
+    clock.at(0.3, lambda: channel.lost_hosts.update({"algo-2": "its connection closed"}))
+    with pytest.raises(supervise.JobError) as error:
+        mpi_master(config, FakePart(code=1), channel)
+    assert error.value.message == "host algo-2 lost during training: its connection closed"
+    assert channel.dropped == []
+
+
+def test_mpirun_failing_with_every_worker_heard_is_a_training_failure(config):
+    channel = FakeMasterChannel(silent={"algo-2": 0.2, "algo-3": 1.0})
+    with pytest.raises(supervise.JobError) as error:
+        mpi_master(config, FakePart(code=1, detail="ValueError: bad"), channel)
+    assert (error.value.reason, error.value.message, error.value.exit_code) == (
+        Reason.TRAINING_FAILED,
+        "mpirun exited with code 1; last error: ValueError: bad",
+        1,
+    )
+
+
+def test_mpirun_ending_after_a_stop_is_a_stop(config):
+    stop = threading.Event()
+    stop.set()
+    with pytest.raises(supervise.JobError) as error:
+        mpi_master(config, FakePart(code=1), FakeMasterChannel(), stop)
+    assert (error.value.reason, error.value.exit_code) == (Reason.STOPPED, 143)
+
+
+# --------------------------------------------------------------------------------------------
+# Worker
+
+
+def run_worker(config, plan, part, channel, stop=None):
+    return supervise.run_worker(plan, part, channel, config, stop or threading.Event())
+
+
+def test_a_worker_starts_on_start_reports_its_exit_and_takes_the_verdict(config, clock):
+    part = FakePart()
+    channel = FakeWorkerChannel()
+    clock.at(1.0, lambda: setattr(channel, "started", True))
+    clock.at(2.0, lambda: setattr(part, "code", 4))
+    theirs = Failure(Reason.TRAINING_FAILED, "boom", "algo-3")
+    clock.at(3.0, lambda: setattr(channel, "verdict", Verdict(4, theirs)))
+    code = run_worker(config, plan_for(PER_HOST, current="algo-2"), part, channel)
+    assert code == 4
+    assert part.started and part.ended
+    assert channel.sent == [
+        (4, Failure(Reason.TRAINING_FAILED, "the program exited with code 4", "algo-2"))
+    ]
+    assert failure_file(config) == "TrainingFailed: boom (on algo-3)\n"
+
+
+def test_an_mpi_worker_neither_starts_nor_reports_its_part(config, clock):
+    part = FakePart(code=0)  # an ended part must not be reported: mpirun knows
+    channel = FakeWorkerChannel(started=True)
+    clock.at(1.0, lambda: setattr(channel, "verdict", Verdict(0)))
+    assert run_worker(config, plan_for(SCRIPT, current="algo-2"), part, channel) == 0
+    assert not part.started
+    assert channel.sent == []
+    assert failure_file(config) is None
+
+
+def test_a_worker_that_loses_its_master_fails(config):
+    channel = FakeWorkerChannel(lost="the master's connection closed")
+    part = FakePart()
+    assert run_worker(config, plan_for(PER_HOST, current="algo-2"), part, channel) == 1
+    assert part.ended
+    assert failure_file(config) == "MasterLost: the master's connection closed (on algo-2)\n"
+
+
+def test_a_stopped_worker_waits_longer_than_the_master_before_it_gives_up(config, clock):
+    stop = threading.Event()
+    clock.at(1.0, stop.set)
+    part = FakePart()
+    channel = FakeWorkerChannel(started=True)
+    code = run_worker(config, plan_for(PER_HOST, current="algo-2"), part, channel, stop)
+    assert code == 143
+    assert part.sigterms == [GRACE_S]
+    # The master's grace period, plus the time it needs to end the job and tell the workers.
+    assert clock.time == pytest.approx(1.0 + GRACE_S + 2 * KILL_WAIT_S, abs=0.2)
+    assert failure_file(config) == "Stopped: stopped by SIGTERM (on algo-2)\n"
+
+
+def test_a_stopped_worker_does_not_start_its_part(config, clock):
+    stop = threading.Event()
+    stop.set()
+    part = FakePart()
+    channel = FakeWorkerChannel(started=True)
+    clock.at(1.0, lambda: setattr(channel, "verdict", Verdict(0)))
+    assert run_worker(config, plan_for(PER_HOST, current="algo-2"), part, channel, stop) == 0
+    assert not part.started
