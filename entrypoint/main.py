@@ -6,6 +6,7 @@ seconds with one line in /opt/ml/output/failure; then hands over to `supervise`.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import re
@@ -15,7 +16,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from entrypoint import protocol, sshkeys, supervise
+from entrypoint import netif, protocol, sshkeys, supervise
 from entrypoint.contract import (
     MPI_CUSTOM_OPTIONS_PARAM,
     Backend,
@@ -232,6 +233,14 @@ def run(env: Mapping[str, str], paths: ContractPaths) -> int:
     contract = read_contract(paths, env)
     role = "master" if contract.current_host == contract.master_host else "worker"
     configure_logging(contract.current_host, role, contract.settings.log_level)
+    # The interface every backend is pinned to: the contract's, or a fallback where this host
+    # has no such interface (SDK v3's local mode names `ethwe`).
+    contract = dataclasses.replace(
+        contract,
+        network_interface_name=netif.usable_interface(
+            contract.network_interface_name, contract.master_host
+        ),
+    )
     # The toolkit's SAGEMAKER_JOB_NAME, SAGEMAKER_REGION and SM_LOG_LEVEL reach the program.
     env = {**env, **contract.toolkit_environment}
     log.info(
