@@ -16,13 +16,14 @@ import re
 import shutil
 import subprocess
 import tarfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.digits import DIGITS_HYPERPARAMETERS
 
-pytestmark = [pytest.mark.docker, pytest.mark.timeout(420)]
+pytestmark = [pytest.mark.docker, pytest.mark.timeout(600)]
 
 REPO = Path(__file__).resolve().parent.parent
 JOB = Path(__file__).parent / "sdk3_job.py"
@@ -45,13 +46,30 @@ def sdk3_python() -> str:
     return python
 
 
+@pytest.fixture
+def job_root(tmp_path: Path) -> Iterator[Path]:
+    """The job's local_container_root. sdk3_job.py removes the SDK's containers and network
+    itself (`compose down`); this does it again when the job was killed (a timeout)."""
+    root = tmp_path / "job"
+    yield root
+    compose_file = root / "docker-compose.yaml"
+    if compose_file.is_file():
+        compose = ["docker-compose"] if shutil.which("docker-compose") else ["docker", "compose"]
+        subprocess.run(
+            [*compose, "-f", str(compose_file), "down", "--timeout", "1"],
+            capture_output=True,
+            timeout=120,
+            check=False,
+        )
+
+
 def run_job(python: str, image: str, root: Path, *args: str) -> tuple[dict, str]:
     """Run one ModelTrainer job; returns its result line and its whole output."""
     result = subprocess.run(
         [python, str(JOB), "--image", image, "--root", str(root), *args],
         capture_output=True,
         text=True,
-        timeout=400,
+        timeout=540,
         check=False,
         cwd=root.parent,
     )
@@ -64,12 +82,12 @@ def run_job(python: str, image: str, root: Path, *args: str) -> tuple[dict, str]
 
 
 def test_model_trainer_trains_the_builtin_model_on_two_hosts(
-    sdk3_python, image, tmp_path, digits_dir
+    sdk3_python, image, job_root, digits_dir
 ):
     """Pure bring-your-own-container: no source code, no command; our `train` runs."""
     hyperparameters = {**DIGITS_HYPERPARAMETERS, "epochs": 1}
     channels = [f"--channel={name}={path}" for name, path in digits_dir.items()]
-    root = tmp_path / "job"
+    root = job_root
     _, output = run_job(
         sdk3_python, image, root, "--instance-count", "2",
         "--hyperparameters", json.dumps(hyperparameters), *channels,
@@ -88,7 +106,7 @@ def test_model_trainer_trains_the_builtin_model_on_two_hosts(
 
 
 @pytest.mark.parametrize("route", ["code-channel", "source-code-command"])
-def test_users_horovod_script_on_two_hosts(sdk3_python, image, tmp_path, route):
+def test_users_horovod_script_on_two_hosts(sdk3_python, image, job_root, route):
     """A user's Horovod script through our launcher, the two documented v3 routes (docs/sdk.md):
     - code-channel: pure BYO, the code as a channel, sagemaker_program and
       sagemaker_submit_directory as hyperparameters (v3 adds none of them itself);
@@ -121,7 +139,7 @@ def test_users_horovod_script_on_two_hosts(sdk3_python, image, tmp_path, route):
                 }
             ),
         ]
-    _, output = run_job(sdk3_python, image, tmp_path / "job", "--instance-count", "2", *args)
+    _, output = run_job(sdk3_python, image, job_root, "--instance-count", "2", *args)
     for rank, host in enumerate(["algo-1", "algo-1", "algo-2", "algo-2"]):
         assert f"ALLREDUCE rank={rank} size=4 sum=10 host={host}" in output, output[-6000:]
     assert "running 4 ranks on 2 hosts" in output
