@@ -45,10 +45,10 @@ CERT_ERRORS  := certificate verify failed|certificate verification failed|SSL ce
 
 .PHONY: help
 help: ## List the targets
-	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 	@echo
 	@echo "Variables: FLAVOR=gpu|cpu IMAGE=$(IMAGE) TAG=<FLAVOR> BASE_IMAGE=$(BASE_IMAGE)"
-	@echo "           CA_BUNDLE=<path> DOCKER=$(DOCKER) REGISTRY=host:port REGION= STACK= BUCKET= ARGS="
+	@echo "           CA_BUNDLE=$(or $(CA_BUNDLE),<path>) DOCKER=$(DOCKER) REGISTRY=host:port REGION= STACK= BUCKET= ARGS="
 
 # ---------------------------------------------------------------------------------------------
 # Image

@@ -9,7 +9,7 @@
 # from the distribution's packages (apt-get) and the engine is started:
 #   docker.io        the engine and a client (Debian's 20.10 runs BuildKit natively)
 #   docker-buildx    only where the client is 23 or newer and has no buildx (Ubuntu)
-#   docker-compose   the SageMaker Python SDK's local mode (tests/test_sdk_local.py) needs it
+#   docker-compose   the SageMaker Python SDK local modes (tests/test_sdk_local.py, test_sdk_v3.py)
 #   debootstrap      `make base` builds the Debian base image with it (no registry needed)
 #   docker-registry  tests/test_push.py pushes to a local registry
 #   python3-venv, openssh-client   `make venv`; ssh-keygen in the tests
