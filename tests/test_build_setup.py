@@ -82,14 +82,19 @@ def test_reading_the_makefile_installs_and_starts_nothing(tmp_path):
 
 
 def test_a_certificate_error_in_the_build_ends_with_what_to_set(tmp_path):
-    """A docker client whose build fails as pip does behind an untrusted proxy."""
+    """A docker client whose build fails as pip does behind an untrusted proxy (its lines as
+    measured in the image without the proxy's CA: the last ones do not name the cause)."""
     pip_error = (
-        "ERROR: Could not install packages due to an OSError: "
-        "[SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed: "
-        "self-signed certificate in certificate chain"
+        "Could not fetch URL https://pypi.org/simple/six/: There was a problem confirming the ssl "
+        "certificate: HTTPSConnectionPool(host='pypi.org', port=443): Max retries exceeded with "
+        "url: /simple/six/ (Caused by SSLError(SSLCertVerificationError(1, "
+        "'[SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed: self-signed certificate in "
+        "certificate chain')))"
     )
     script = (
-        f'case "$1 $2" in "buildx build") echo \'#12 3.1 {pip_error}\' >&2; exit 1;; esac; exit 0'
+        'case "$1 $2" in "buildx build") '
+        f'echo "#12 3.1 {pip_error}" >&2; '
+        "echo '#12 3.2 ERROR: No matching distribution found for six' >&2; exit 1;; esac; exit 0"
     )
     path = _fake_commands(tmp_path / "bin", script, ("docker",))
     result = make(
