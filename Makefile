@@ -8,20 +8,22 @@ SHELL := /bin/bash
 IMAGE      ?= sm-horovod
 FLAVOR     ?= gpu
 BASE_IMAGE ?= sm-horovod-base:bookworm
-# A CA bundle for a TLS-intercepting proxy, passed to the build as a BuildKit secret.
-CA_BUNDLE  ?=
+# The CA bundle the build's package downloads trust, passed as a BuildKit secret (never a
+# layer): this machine's system bundle where there is one, so a TLS-intercepting proxy that the
+# machine trusts works as is. CA_BUNDLE= (empty) builds with the image's own bundle.
+CA_BUNDLE  ?= $(firstword $(wildcard /etc/ssl/certs/ca-certificates.crt /etc/pki/tls/certs/ca-bundle.crt /etc/ssl/cert.pem))
 # Any docker client with BuildKit: one with buildx, or a pre-23 client (DOCKER_BUILDKIT=1).
-# `make smoke` and `make test` set the machine up first (docker/setup-docker.sh: installs and
-# starts Docker where none answers, as root on Debian/Ubuntu) and pick such a client themselves
-# unless DOCKER= is given, in which case it is checked.
-ifneq ($(filter smoke test,$(MAKECMDGOALS)),)
-DOCKER_SETUP := $(shell DOCKER='$(if $(filter undefined,$(origin DOCKER)),,$(DOCKER))' docker/setup-docker.sh)
-$(if $(DOCKER_SETUP),,$(error docker/setup-docker.sh found no usable Docker (see its messages above)))
-DOCKER := $(DOCKER_SETUP)
+# Unless DOCKER= is given, the first such client on PATH, picked once when a recipe first needs
+# it: after `make setup` (a prerequisite of smoke and test) has installed one where none was.
+DOCKER_GIVEN := $(if $(filter undefined,$(origin DOCKER)),,$(DOCKER))
+ifeq ($(DOCKER_GIVEN),)
+DOCKER = $(eval DOCKER := $(or $(shell docker/setup-docker.sh --pick-client 2>/dev/null),docker))$(DOCKER)
 endif
-DOCKER     ?= docker
 PYTHON     ?= python3
 VENV       ?= .venv
+# The SageMaker Python SDK v3's own venv (requirements-sdk3.txt): v3 and the v2 `sagemaker` of
+# requirements-dev.txt cannot share one.
+SDK3_VENV  ?= .venv-sdk3
 REGISTRY   ?=
 REGION     ?=
 STACK      ?=
@@ -37,20 +39,28 @@ PY      := $(VENV)/bin/python
 
 , := ,
 BUILD_SECRET := $(if $(CA_BUNDLE),--secret id=ca$(,)src=$(CA_BUNDLE),)
+BUILD_LOG    ?= build/docker-build.log
+# What a download failing on an untrusted certificate prints: pip, apt and curl.
+CERT_ERRORS  := certificate verify failed|certificate verification failed|SSL certificate problem
 
 .PHONY: help
 help: ## List the targets
-	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 	@echo
 	@echo "Variables: FLAVOR=gpu|cpu IMAGE=$(IMAGE) TAG=<FLAVOR> BASE_IMAGE=$(BASE_IMAGE)"
-	@echo "           CA_BUNDLE=<path> DOCKER=$(DOCKER) REGISTRY=host:port REGION= STACK= BUCKET= ARGS="
+	@echo "           CA_BUNDLE=$(or $(CA_BUNDLE),<path>) DOCKER=$(DOCKER) REGISTRY=host:port REGION= STACK= BUCKET= ARGS="
 
 # ---------------------------------------------------------------------------------------------
 # Image
 
+.PHONY: setup
+setup: ## Install and start Docker where missing (root on Debian/Ubuntu), check the client
+	DOCKER='$(DOCKER_GIVEN)' docker/setup-docker.sh >/dev/null
+
 .PHONY: check-docker
 check-docker:
-	@$(DOCKER) info >/dev/null 2>&1 || { echo "error: no Docker engine answers '$(DOCKER) info'" >&2; exit 1; }
+	@$(DOCKER) info >/dev/null 2>&1 || { echo "error: no Docker engine answers '$(DOCKER) info':" \
+	    "start Docker, or run 'make setup' (installs and starts it as root on Debian/Ubuntu)" >&2; exit 1; }
 	@if ! $(DOCKER) buildx version >/dev/null 2>&1; then \
 	    major=$$($(DOCKER) version --format '{{.Client.Version}}' | cut -d. -f1); \
 	    if [ "$$major" -ge 23 ]; then \
@@ -77,9 +87,14 @@ build: base ## Build IMAGE:FLAVOR and IMAGE:FLAVOR-<git sha> (FLAVOR=gpu|cpu)
 	else \
 	    build="env DOCKER_BUILDKIT=1 $(DOCKER) build"; \
 	fi; \
+	mkdir -p $(dir $(BUILD_LOG)); \
 	$$build --progress=plain \
 	    --build-arg BASE_IMAGE=$(BASE_IMAGE) --build-arg FLAVOR=$(FLAVOR) $(BUILD_SECRET) \
-	    --tag $(IMAGE):$(TAG) --tag $(IMAGE):$(FLAVOR)-$(GIT_SHA) .
+	    --tag $(IMAGE):$(TAG) --tag $(IMAGE):$(FLAVOR)-$(GIT_SHA) . 2>&1 | tee $(BUILD_LOG) \
+	|| { status=$$?; ! grep -qiE '$(CERT_ERRORS)' $(BUILD_LOG) \
+	    || echo "error: a download in the build did not trust the TLS certificate it got" \
+	        "(CA_BUNDLE=$(or $(CA_BUNDLE),none)): set CA_BUNDLE=<your proxy's CA bundle, PEM>" >&2; \
+	    exit $$status; }
 	@echo "built $(IMAGE):$(TAG) and $(IMAGE):$(FLAVOR)-$(GIT_SHA)"
 
 .PHONY: push
@@ -99,7 +114,7 @@ $(VENV)/.installed: requirements-dev.txt
 	touch $@
 
 .PHONY: smoke
-smoke: venv ## Train the built-in model on digits in one container, as SageMaker would
+smoke: setup venv ## Train the built-in model on digits in one container, as SageMaker would
 	@$(DOCKER) image inspect $(IMAGE):cpu >/dev/null 2>&1 || $(MAKE) build FLAVOR=cpu DOCKER=$(DOCKER)
 	$(PY) -m tests.smoke --image $(IMAGE):cpu --docker $(DOCKER) --workdir build/smoke
 
@@ -117,10 +132,18 @@ serve: ## Serve MODEL_DIR (a training job's /opt/ml/model) in the CPU image on S
 	$(DOCKER) run --rm --publish 127.0.0.1:$(SERVE_PORT):8080 \
 	    --volume "$(abspath $(MODEL_DIR))":/opt/ml/model:ro $(SERVE_ENV) $(IMAGE):cpu serve
 
+.PHONY: venv-sdk3
+venv-sdk3: $(SDK3_VENV)/.installed ## Create .venv-sdk3 with the SageMaker Python SDK v3
+$(SDK3_VENV)/.installed: requirements-sdk3.txt
+	$(PYTHON) -m venv $(SDK3_VENV)
+	$(SDK3_VENV)/bin/pip install --quiet --disable-pip-version-check -r requirements-sdk3.txt
+	touch $@
+
 .PHONY: test
-test: venv ## Run every test: unit tests, then the cluster tests on the CPU image
+test: setup venv venv-sdk3 ## Run every test: unit tests, then the cluster tests on the CPU image
 	$(MAKE) build FLAVOR=cpu DOCKER=$(DOCKER)
-	SM_IMAGE=$(IMAGE):cpu DOCKER=$(DOCKER) $(PY) -m pytest $(PYTEST_ARGS)
+	SM_IMAGE=$(IMAGE):cpu DOCKER=$(DOCKER) SDK3_PYTHON=$(SDK3_VENV)/bin/python \
+	    $(PY) -m pytest $(PYTEST_ARGS)
 
 .PHONY: test-unit
 test-unit: venv ## Run the unit tests only (no Docker)
@@ -165,4 +188,4 @@ bench-quick: venv ## A 3-minute pass over every benchmark (1 run, 2 hosts), resu
 
 .PHONY: clean
 clean: ## Remove the venv and generated files
-	rm -rf $(VENV) build .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(SDK3_VENV) build .pytest_cache .ruff_cache

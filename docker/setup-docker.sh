@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # Make this machine ready for `make smoke` and `make test`, then print the docker client to use
-# (one path on stdout; everything else goes to stderr). `make smoke`, `make test` and .ci/run
-# call this; it is safe to re-run, and each step is skipped when already done.
+# (one path on stdout; everything else goes to stderr). `make setup` runs it (a prerequisite of
+# `make smoke` and `make test`; .ci/run calls it); it is safe to re-run, and each step is skipped
+# when already done.
 #
 # Where Docker with BuildKit already works (Docker Desktop, docker-ce with buildx), nothing is
 # installed or started. On a Debian or Ubuntu machine, as root, what is missing is installed
 # from the distribution's packages (apt-get) and the engine is started:
 #   docker.io        the engine and a client (Debian's 20.10 runs BuildKit natively)
 #   docker-buildx    only where the client is 23 or newer and has no buildx (Ubuntu)
-#   docker-compose   the SageMaker Python SDK's local mode (tests/test_sdk_local.py) needs it
+#   docker-compose   the SageMaker Python SDK local modes (tests/test_sdk_local.py, test_sdk_v3.py)
 #   debootstrap      `make base` builds the Debian base image with it (no registry needed)
 #   docker-registry  tests/test_push.py pushes to a local registry
 #   python3-venv, openssh-client   `make venv`; ssh-keygen in the tests
@@ -55,6 +56,13 @@ pick_client() {
     done
     return 1
 }
+
+# `setup-docker.sh --pick-client`: print the client only (the Makefile's default DOCKER), and
+# install or start nothing: parsing the Makefile (even `make -n`) must not change the machine.
+if [ "${1:-}" = "--pick-client" ]; then
+    pick_client
+    exit
+fi
 
 answers() { docker info >/dev/null 2>&1 || { [ -n "${DOCKER:-}" ] && "$DOCKER" info >/dev/null 2>&1; }; }
 

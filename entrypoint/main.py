@@ -8,6 +8,7 @@ seconds with one line in /opt/ml/output/failure; then read -> plan -> prepare ->
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import sys
@@ -15,7 +16,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from entrypoint import protocol, sshkeys, supervise, usercode
+from entrypoint import netif, protocol, sshkeys, supervise, usercode
 from entrypoint.contract import (
     MPI_CUSTOM_OPTIONS_PARAM,
     BuiltinProgram,
@@ -120,6 +121,14 @@ def run(env: Mapping[str, str], paths: ContractPaths) -> int:
     contract = read_contract(paths, env)
     role = "master" if contract.current_host == contract.master_host else "worker"
     configure_logging(contract.current_host, role, contract.settings.log_level)
+    # The interface every backend is pinned to: the contract's, or a fallback where this host
+    # has no such interface (SDK v3's local mode names `ethwe`).
+    contract = dataclasses.replace(
+        contract,
+        network_interface_name=netif.usable_interface(
+            contract.network_interface_name, contract.master_host
+        ),
+    )
     _log_job(contract)
     plan = make_plan(
         contract,

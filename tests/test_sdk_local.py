@@ -10,7 +10,6 @@ test process tries.
 from __future__ import annotations
 
 import contextlib
-import ipaddress
 import json
 import os
 import re
@@ -23,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.outside import outside_connections
+
 PROGRAM_DIR = Path(__file__).parent / "programs" / "sdk_keras"
 FAKE_ROLE = "arn:aws:iam::123456789012:role/SageMakerRole"
 REGION = "us-east-1"
@@ -31,41 +32,6 @@ NO_TELEMETRY = {
     "SchemaVersion": "1.0",
     "SageMaker": {"PythonSDK": {"Modules": {"TelemetryOptOut": True}}},
 }
-
-
-def _is_local(host: object) -> bool:
-    if host in (None, "", "localhost"):
-        return True
-    try:
-        address = ipaddress.ip_address(str(host))
-    except ValueError:
-        return False
-    return address.is_loopback or address.is_private or address.is_unspecified
-
-
-@contextlib.contextmanager
-def outside_connections() -> Iterator[list[str]]:
-    """Every name lookup or connection to a non-local address this process attempts while
-    the block runs (sys.addaudithook: socket.getaddrinfo and socket.connect events)."""
-    attempts: list[str] = []
-    active = [True]
-
-    def hook(event: str, args: tuple) -> None:
-        if not active[0]:
-            return
-        if event == "socket.getaddrinfo" and not _is_local(args[0]):
-            attempts.append(f"lookup {args[0]}")
-        elif event == "socket.connect":
-            address = args[1]
-            if isinstance(address, tuple) and not _is_local(address[0]):
-                attempts.append(f"connect {address[0]}:{address[1]}")
-
-    # Audit hooks cannot be removed; this one goes quiet when the block ends.
-    sys.addaudithook(hook)
-    try:
-        yield attempts
-    finally:
-        active[0] = False
 
 
 def _compose_available() -> bool:
