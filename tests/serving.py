@@ -145,6 +145,14 @@ class ServeContainer:
         result = docker_command(self.docker, "logs", self.name, check=False)
         return result.stdout + result.stderr
 
+    def failed_start(self, timeout: float) -> tuple[int, list[str]]:
+        """For a server that must refuse to start: its exit code and its ERROR log lines."""
+        deadline = time.monotonic() + timeout
+        while self.running() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        errors = [line for line in self.logs().splitlines() if " ERROR " in line]
+        return self.exit_code(), errors
+
     def stop(self, timeout_s: int = 30) -> None:
         """`docker stop`: SIGTERM, then SIGKILL after timeout_s (SageMaker waits 30 s)."""
         subprocess.run(

@@ -14,7 +14,6 @@ import json
 import os
 import shutil
 import tarfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -258,11 +257,8 @@ def test_a_requirement_that_cannot_be_installed_stops_the_start(
     container = ServeContainer(docker, image, tmp_path)
     container.start()
     try:
-        deadline = time.monotonic() + 90
-        while container.running() and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert container.exit_code() == 2
-        errors = [line for line in container.logs().splitlines() if " ERROR " in line]
+        code, errors = container.failed_start(timeout=90)
+        assert code == 2
         assert len(errors) == 1, container.logs()
         assert errors[0].endswith(
             "cannot serve: code/requirements.txt: cannot install no-such-package-sm-horovod==1.0 "
