@@ -326,7 +326,11 @@ def test_sdk_deploys_a_model_trained_by_the_users_script(
     estimator.fit(wait=True)
     # What AWS's tutorials do next: deploy, then predict a numpy array (uint8 pixels as ints).
     array = np.random.default_rng(1).integers(0, 256, (3, 8, 8, 1))
-    predictor = estimator.deploy(initial_instance_count=1, instance_type="local")
+    # code_location: TensorFlowModel asks STS for a default bucket name without one, even in
+    # local mode where nothing is uploaded (no entry_point, no repack); nothing answers here.
+    predictor = estimator.deploy(
+        initial_instance_count=1, instance_type="local", code_location="s3://sm-horovod-local/code"
+    )
     try:
         response = predictor.predict(array)
     finally:
