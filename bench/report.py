@@ -22,7 +22,7 @@ from bench.launchers import Launcher
 from bench.machine import Machine
 from bench.overhead import FaultRun, HostCost, OverheadRun, RankTimes
 from bench.pipeline import PipelineRate, PipelineResult
-from bench.serving import ServingResult, serving_from_json, serving_goal, serving_lines
+from bench.serving import ServingResult, serving_from_json, serving_goals, serving_lines
 from bench.strategies import StrategiesResult, strategies_from_json, strategies_lines
 from bench.summary import (
     FaultSummary,
@@ -69,7 +69,7 @@ class Results:
     @property
     def goals(self) -> list[Goal]:
         goals = evaluate_goals(self.overhead, self.faults, self.bandwidth)
-        return goals + ([serving_goal(self.serving)] if self.serving is not None else [])
+        return goals + (serving_goals(self.serving) if self.serving is not None else [])
 
 
 def to_json(results: Results) -> str:

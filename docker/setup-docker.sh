@@ -13,6 +13,7 @@
 #   debootstrap      `make base` builds the Debian base image with it (no registry needed)
 #   docker-registry  tests/test_push.py pushes to a local registry
 #   python3-venv, openssh-client   `make venv`; ssh-keygen in the tests
+#   chromium         a headless browser for serve's page at / (tests/test_serve_generic_docker.py)
 #
 # DOCKER=<client> picks the client; it is checked, not replaced. Without it, the first client
 # on PATH that can build with BuildKit wins: one with buildx, or a pre-23 client where
@@ -74,6 +75,7 @@ if can_install; then
     command -v docker-registry >/dev/null 2>&1 || packages+=(docker-registry)
     command -v ssh-keygen >/dev/null 2>&1 || packages+=(openssh-client)
     python3 -m venv --help >/dev/null 2>&1 || packages+=(python3-venv)
+    command -v chromium >/dev/null 2>&1 || packages+=(chromium)
     # Compose for the SDK's local mode: `docker compose` (v2 plugin) or docker-compose.
     if ! { docker compose version 2>/dev/null | grep -q v2; } && ! command -v docker-compose >/dev/null 2>&1; then
         packages+=(docker-compose)

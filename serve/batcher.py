@@ -15,24 +15,25 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator
+from typing import Any
 
-import numpy as np
+from serve.batching import Piece, remaining_delay, select_batch, should_dispatch
 
-from serve.batching import remaining_delay, select_batch, should_dispatch, split_rows
-from serve.codec import Piece
+# Runs one model call: the batch's key and its pieces' payloads -> one result per payload.
+Runner = Callable[[Hashable, list[Any]], list[Any]]
 
 log = logging.getLogger(__name__)
 
 
 class OverloadedError(Exception):
-    """More images wait than max_queued_images: refuse (503) rather than queue without end."""
+    """More rows wait than max_queued_images: refuse (503) rather than queue without end."""
 
 
 @dataclasses.dataclass
 class _Waiting:
     piece: Piece
-    future: asyncio.Future[np.ndarray]
+    future: asyncio.Future[Any]
     arrived: float
     request: int
 
@@ -47,13 +48,13 @@ class BatchStats:
 class Batcher:
     def __init__(
         self,
-        predict: Callable[[np.ndarray], np.ndarray],
+        run: Runner,
         *,
         max_batch_size: int,
         max_delay_s: float,
         max_queued_images: int,
     ) -> None:
-        self._predict = predict
+        self._run_batch = run
         self._max_batch_size = max_batch_size
         self._max_delay_s = max_delay_s
         self._max_queued_images = max_queued_images
@@ -88,17 +89,17 @@ class Batcher:
             await asyncio.gather(self._task, return_exceptions=True)
         self._executor.shutdown(wait=True)
 
-    def submit(self, pieces: list[Piece]) -> list[asyncio.Future[np.ndarray]]:
-        """Queue one request's pieces; its probabilities come through the futures."""
+    def submit(self, pieces: list[Piece]) -> list[asyncio.Future[Any]]:
+        """Queue one request's pieces; their results come through the futures."""
         images = sum(piece.count for piece in pieces)
         if self._queued_images + images > self._max_queued_images:
             raise OverloadedError(f"{self._queued_images} images already wait for the model")
         loop = asyncio.get_running_loop()
         now = time.monotonic()
         self._next_request += 1
-        futures: list[asyncio.Future[np.ndarray]] = []
+        futures: list[asyncio.Future[Any]] = []
         for piece in pieces:
-            future: asyncio.Future[np.ndarray] = loop.create_future()
+            future: asyncio.Future[Any] = loop.create_future()
             self._waiting.append(_Waiting(piece, future, now, self._next_request))
             futures.append(future)
         self._queued_images += images
@@ -106,12 +107,11 @@ class Batcher:
         return futures
 
     @staticmethod
-    async def collect(futures: list[asyncio.Future[np.ndarray]]) -> np.ndarray:
-        """The probabilities of every image of one request, in request order."""
-        results = await asyncio.gather(*futures)
-        return np.concatenate(results) if len(results) > 1 else results[0]
+    async def collect(futures: list[asyncio.Future[Any]]) -> list[Any]:
+        """The result of every piece of one request, in request order."""
+        return list(await asyncio.gather(*futures))
 
-    async def predict(self, pieces: list[Piece]) -> np.ndarray:
+    async def predict(self, pieces: list[Piece]) -> list[Any]:
         return await self.collect(self.submit(pieces))
 
     async def _next_batch(self) -> list[_Waiting]:
@@ -119,9 +119,9 @@ class Batcher:
             while not self._waiting:
                 self._wakeup.clear()
                 await self._wakeup.wait()
-            shapes = [w.piece.shape for w in self._waiting]
+            keys = [w.piece.key for w in self._waiting]
             counts = [w.piece.count for w in self._waiting]
-            chosen = select_batch(shapes, counts, self._max_batch_size)
+            chosen = select_batch(keys, counts, self._max_batch_size)
             batch_images = sum(counts[i] for i in chosen)
             waited = time.monotonic() - self._waiting[0].arrived
             in_batch = len({self._waiting[i].request for i in chosen})
@@ -153,22 +153,23 @@ class Batcher:
             self._queued_images -= sum(w.piece.count for w in batch)
             if not live:
                 continue
-            images = (
-                live[0].piece.images
-                if len(live) == 1
-                else np.concatenate([w.piece.images for w in live])
-            )
+            rows = sum(w.piece.count for w in live)
             try:
-                probabilities = await loop.run_in_executor(self._executor, self._predict, images)
+                results = await loop.run_in_executor(
+                    self._executor,
+                    self._run_batch,
+                    live[0].piece.key,
+                    [w.piece.payload for w in live],
+                )
             except Exception as exc:  # noqa: BLE001  (the model's error goes to every waiter)
-                log.error("model call on %d image(s) failed: %s", len(images), exc)
+                log.warning("model call on %d row(s) failed: %s", rows, exc)
                 for w in live:
                     if not w.future.done():
                         w.future.set_exception(exc)
                 continue
             self.stats.calls += 1
-            self.stats.images += len(images)
-            self.stats.largest = max(self.stats.largest, len(images))
-            for w, rows in zip(live, split_rows([w.piece.count for w in live]), strict=True):
+            self.stats.images += rows
+            self.stats.largest = max(self.stats.largest, rows)
+            for w, result in zip(live, results, strict=True):
                 if not w.future.done():
-                    w.future.set_result(probabilities[rows])
+                    w.future.set_result(result)

@@ -1,7 +1,7 @@
 """The batcher's rules, pure: which waiting pieces go into the next model call, and when.
 
-A piece is a run of same-size images from one request (codec.Piece). One model call takes
-pieces of one height x width, in arrival order, up to `max_batch_size` images; pieces of other
+A piece is a run of rows from one request that can share a call (same key). One model call
+takes pieces of one key, in arrival order, up to `max_batch_size` images; pieces of other
 sizes wait for a later call without losing their place. The call starts as soon as the batch is
 full, once its oldest piece has waited `max_delay_s`, or at once when no other request is in
 the server: the wait is bounded, the batch too.
@@ -10,21 +10,35 @@ Under load, requests queue while the model runs, so batches fill without waiting
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any
+
+import numpy as np
 
 
-def select_batch(
-    shapes: Sequence[tuple[int, int]], counts: Sequence[int], max_batch_size: int
-) -> list[int]:
+@dataclasses.dataclass(frozen=True)
+class Piece:
+    """Rows of one request that may share a model call with other pieces of the same key: for
+    images, their height and width; for any SavedModel, the model, version, signature and each
+    input's dtype and shape past the batch dimension."""
+
+    key: Hashable
+    count: int
+    # What the runner concatenates: an (n, H, W, 3) uint8 array, or {input name: tensor}.
+    payload: Any
+
+
+def select_batch(keys: Sequence[Hashable], counts: Sequence[int], max_batch_size: int) -> list[int]:
     """Indices of the waiting pieces for the next call: the oldest piece, then every later piece
-    of its size while the total stays within max_batch_size. Empty when nothing waits."""
-    if not shapes:
+    of its key while the total stays within max_batch_size. Empty when nothing waits."""
+    if not keys:
         return []
-    first = shapes[0]
+    first = keys[0]
     chosen = [0]
     total = counts[0]
-    for index in range(1, len(shapes)):
-        if shapes[index] != first:
+    for index in range(1, len(keys)):
+        if keys[index] != first:
             continue
         if total + counts[index] > max_batch_size:
             break
@@ -59,3 +73,20 @@ def split_rows(counts: Sequence[int]) -> list[slice]:
         slices.append(slice(start, start + count))
         start += count
     return slices
+
+
+def run_merged(
+    call: Callable[[dict[str, Any]], dict[str, Any]], payloads: Sequence[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """One signature call for several row requests of the same input shapes: concatenate each
+    input along dimension 0, call once, give each request its rows of every output. A model
+    whose outputs are not one row per input row cannot be split: each request is then called
+    alone."""
+    if len(payloads) == 1:
+        return [call(payloads[0])]
+    counts = [len(next(iter(payload.values()))) for payload in payloads]
+    merged = {name: np.concatenate([p[name] for p in payloads]) for name in payloads[0]}
+    outputs = call(merged)
+    if any(np.ndim(value) == 0 or len(value) != sum(counts) for value in outputs.values()):
+        return [call(payload) for payload in payloads]
+    return [{name: value[rows] for name, value in outputs.items()} for rows in split_rows(counts)]

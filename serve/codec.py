@@ -2,7 +2,8 @@
 
 Inputs (Content-Type):
   image/png, image/jpeg, application/x-image, application/octet-stream   one encoded image
-  application/json        {"instances": [{"b64": "<encoded image>"} | HxWx3 uint8 lists, ...]}
+  application/json        {"instances": [{"b64": "<encoded image>"} | HxWx3 uint8 lists, ...]},
+                          or the instances' list alone (SageMaker's body rule)
   application/jsonlines   one such instance per line
   application/x-npy       a uint8 array, HxWx3 or NxHxWx3
 Outputs (Accept): application/json (default) or application/jsonlines.
@@ -14,7 +15,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import dataclasses
 import io
 import json
 import math
@@ -24,6 +24,9 @@ from typing import Any
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
+
+from serve.batching import Piece
+from serve.tfs import json_document_text
 
 IMAGE_TYPES = frozenset(
     ("image/png", "image/jpeg", "application/x-image", "application/octet-stream")
@@ -45,21 +48,6 @@ class RequestError(ValueError):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
         self.status = status
-
-
-@dataclasses.dataclass(frozen=True)
-class Piece:
-    """Consecutive images of one request with the same height and width: (n, H, W, 3) uint8."""
-
-    images: np.ndarray
-
-    @property
-    def count(self) -> int:
-        return int(self.images.shape[0])
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        return (int(self.images.shape[1]), int(self.images.shape[2]))
 
 
 def media_type(header: str | None) -> str:
@@ -176,7 +164,12 @@ def _loads(text: bytes | str, what: str) -> Any:
 
 
 def _decode_json(body: bytes) -> list[np.ndarray]:
-    document = _loads(body, "body")
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise RequestError(400, f"body: malformed JSON ({exc})") from None
+    # SageMaker's rule: a bare list or value is the instances (the SDK's predict(array) body).
+    document = _loads(json_document_text(text), "body")
     if not isinstance(document, dict) or "instances" not in document:
         raise RequestError(400, 'JSON body must be {"instances": [...]}')
     instances = document["instances"]
@@ -237,18 +230,23 @@ def decode_body(body: bytes, content_type: str | None) -> list[np.ndarray]:
     )
 
 
-def to_pieces(images: Sequence[np.ndarray], max_batch_size: int) -> list[Piece]:
+def image_piece(images: np.ndarray, model: str = "") -> Piece:
+    """(n, H, W, 3) uint8 images of one size: one piece, keyed by model and size."""
+    return Piece(("image", model, int(images.shape[1]), int(images.shape[2])), len(images), images)
+
+
+def to_pieces(images: Sequence[np.ndarray], max_batch_size: int, model: str = "") -> list[Piece]:
     """Runs of consecutive same-size images, each cut to at most max_batch_size: a model call
     takes one size at a time, and no call may exceed the batch bound."""
     pieces: list[Piece] = []
     run: list[np.ndarray] = []
     for image in images:
         if run and (image.shape != run[0].shape or len(run) == max_batch_size):
-            pieces.append(Piece(np.stack(run)))
+            pieces.append(image_piece(np.stack(run), model))
             run = []
         run.append(image)
     if run:
-        pieces.append(Piece(np.stack(run)))
+        pieces.append(image_piece(np.stack(run), model))
     return pieces
 
 

@@ -18,8 +18,9 @@ from collections.abc import Sequence
 
 import uvicorn
 
+from serve import hooks
 from serve.logs import configure_logging
-from serve.model import ModelError, find_model_files
+from serve.model import ModelError, scan
 from serve.settings import SettingsError, settings_from_env
 
 log = logging.getLogger("serve")
@@ -36,14 +37,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     try:
         settings = settings_from_env(os.environ)
-        files = find_model_files(settings.model_dir)
+        archive = scan(settings.model_dir, settings.default_model)
+        # code/requirements.txt before any worker imports code/inference.py.
+        hooks.install_requirements(settings.model_dir)
     except (SettingsError, ModelError) as exc:
         log.error("cannot serve: %s", exc)
         return EXIT_BAD_INPUT
+    lib = hooks.code_dir(settings.model_dir) / hooks.LIB_DIR
+    if lib.is_dir():
+        # Workers beyond the first are spawned: they find code/lib through the environment.
+        os.environ["PYTHONPATH"] = os.pathsep.join(
+            filter(None, [str(lib), os.environ.get("PYTHONPATH")])
+        )
     log.info(
-        "serving %s (%d classes) on port %d with %d worker(s)",
-        files.saved_model,
-        len(files.classes),
+        "serving %s from %s (default %s) on port %d with %d worker(s)",
+        ", ".join(
+            f"{m.name} {'/'.join(str(v) for v, _ in m.versions)}" for m in archive.catalog.models
+        ),
+        settings.model_dir,
+        archive.catalog.default,
         settings.port,
         settings.workers,
     )

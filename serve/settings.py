@@ -45,6 +45,8 @@ class Settings:
     batch_strategy: str = "MultiRecord"
     max_concurrent_transforms: int | None = None
     access_log: bool = False
+    # SAGEMAKER_TFS_DEFAULT_MODEL_NAME: which model of several answers by default.
+    default_model: str | None = None
 
     @property
     def max_payload_mb(self) -> int:
@@ -105,6 +107,8 @@ def settings_from_env(env: Mapping[str, str]) -> Settings:
     values: dict[str, object] = {}
     if env.get("SM_SERVE_MODEL_DIR"):
         values["model_dir"] = Path(env["SM_SERVE_MODEL_DIR"])
+    if env.get("SAGEMAKER_TFS_DEFAULT_MODEL_NAME", "").strip():
+        values["default_model"] = env["SAGEMAKER_TFS_DEFAULT_MODEL_NAME"].strip()
     for name, field, kind, low, high, multiplier in _NUMBERS:
         if env.get(name, "").strip():
             values[field] = _number(env, name, kind, kind(low), kind(high)) * multiplier

@@ -17,8 +17,8 @@ import pytest
 from PIL import Image
 from starlette.testclient import TestClient
 
-from serve.app import create_app
-from serve.model import LoadedModel, ModelFiles
+from serve.app import Loaded, create_app
+from serve.model import Model, Registry, Version
 from serve.settings import Settings
 
 CLASSES = ("dark", "light")
@@ -38,10 +38,11 @@ class FakeModel:
         self.loaded = loaded
         self.batch_sizes: list[int] = []
 
-    def load(self, files: ModelFiles) -> LoadedModel:
+    def load(self, _settings: Settings) -> Loaded:
         if self.loaded is not None:
             self.loaded.wait(10)
-        return LoadedModel(files.classes, self.predict)
+        model = Model("model", {1: Version(1, {})}, 1, CLASSES, self.predict)
+        return Loaded(Registry({"model": model}, "model"))
 
     def predict(self, images: np.ndarray) -> np.ndarray:
         time.sleep(self.delay_s)

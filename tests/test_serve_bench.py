@@ -9,12 +9,15 @@ import pytest
 
 from bench.serving import (
     BASELINE,
+    DIGITS,
+    MLP,
     OURS,
     LoadLevel,
     ServingResult,
     percentile,
     serving_from_json,
     serving_goal,
+    serving_goals,
     serving_lines,
     summarize_level,
 )
@@ -61,8 +64,23 @@ def test_table_and_json_round_trip() -> None:
     result = _result(350.0, 90.0)
     lines = serving_lines(result)
     assert lines[0] == "### Serving"
-    assert f"| {OURS} | 32 | 350 | 5.0 | 90.0 | 100 | 0 |" in lines
+    assert f"| {DIGITS} | {OURS} | 32 | 350 | 5.0 | 90.0 | 100 | 0 |" in lines
     assert serving_from_json(json.loads(json.dumps(dataclasses.asdict(result)))) == result
     assert serving_lines(None) == []
     failed = ServingResult(10.0, 0.0, (), error="TimeoutError: x")
     assert serving_lines(failed)[-2] == "Not measured (TimeoutError: x)."
+
+
+def test_one_goal_per_model_and_old_results_still_load() -> None:
+    digits = _result(350.0, 90.0)
+    mlp_levels = tuple(dataclasses.replace(lv, model=MLP) for lv in digits.levels)
+    both = dataclasses.replace(digits, levels=digits.levels + mlp_levels)
+    assert [goal.name for goal in serving_goals(both)] == [
+        "serve throughput at concurrency 32",
+        f"serve throughput at concurrency 32 ({MLP})",
+    ]
+    assert all(goal.met for goal in serving_goals(both))
+    old = json.loads(json.dumps(dataclasses.asdict(digits)))
+    for level in old["levels"]:
+        del level["model"]
+    assert serving_from_json(old) == digits

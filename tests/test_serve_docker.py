@@ -18,8 +18,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tests.conftest import image_name
-from tests.serving import (
+from harness.serving import (
     SERVE_TEST_EPOCHS,
     ServeContainer,
     TrainedModel,
@@ -27,6 +26,7 @@ from tests.serving import (
     post,
     train_digits_model,
 )
+from tests.conftest import image_name
 
 pytestmark = pytest.mark.docker
 
@@ -187,13 +187,11 @@ def test_bad_model_folder_fails_fast_with_one_line(tmp_path: Path, docker: str, 
     container = ServeContainer(docker, image, tmp_path)
     container.start()
     try:
-        deadline = time.monotonic() + 30
-        while container.running() and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert container.exit_code() == 2
-        errors = [line for line in container.logs().splitlines() if "ERROR" in line]
+        code, errors = container.failed_start(timeout=30)
+        assert code == 2
         assert len(errors) == 1, container.logs()
-        assert "cannot serve: no SavedModel in /opt/ml/model" in errors[0]
+        assert "cannot serve: no SavedModel found" in errors[0]
+        assert errors[0].endswith("in /opt/ml/model"), errors[0]
     finally:
         container.remove()
 
@@ -245,7 +243,7 @@ def test_sigterm_drains_the_request_in_flight_and_exits_0(
         assert stopped_after < SIGKILL_AFTER_S - 5, stopped_after
         logs = container.logs()
         assert "Shutting down" in logs or "drained" in logs, logs[-2000:]
-        assert "served 300 image(s) in 30" in logs, logs[-2000:]
+        assert "served 300 instance(s) in 30" in logs, logs[-2000:]
     finally:
         container.remove()
 

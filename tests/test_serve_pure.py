@@ -12,7 +12,7 @@ import pytest
 from PIL import Image
 
 from serve import batching, codec
-from serve.model import ModelError, find_model_files, parse_classes, pick_version
+from serve.model import ModelError, parse_classes, scan
 from serve.settings import Settings, SettingsError, execution_parameters, settings_from_env
 
 
@@ -242,7 +242,9 @@ def npy(array: np.ndarray) -> bytes:
             r"image: unreadable image \(image file is truncated\)",
         ),
         (b"{", "application/json", 400, "body: malformed JSON"),
-        (b"[]", "application/json", 400, r'JSON body must be \{"instances": \[...\]\}'),
+        (b'{"inputs": []}', "application/json", 400, r'JSON body must be \{"instances": \[...\]\}'),
+        # SageMaker's rule: a bare list is one instance.
+        (b"[]", "application/json", 400, r"instance 0: shape \[0\], expected"),
         (b'{"instances": []}', "application/json", 400, '"instances" must be a non-empty list'),
         (b'{"instances": [{"b64": "!!"}]}', "application/json", 400, "instance 0: b64 is not"),
         (b'{"instances": [{"b": "x"}]}', "application/json", 400, "instance 0: an object inst"),
@@ -279,11 +281,11 @@ def test_decompression_bomb_is_413(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_to_pieces_groups_same_size_runs_and_cuts_at_the_batch_bound() -> None:
     small, large = np.zeros((2, 2, 3), np.uint8), np.zeros((3, 3, 3), np.uint8)
     pieces = codec.to_pieces([small, small, small, large, small], max_batch_size=2)
-    assert [(p.count, p.shape) for p in pieces] == [
-        (2, (2, 2)),
-        (1, (2, 2)),
-        (1, (3, 3)),
-        (1, (2, 2)),
+    assert [(p.count, p.key) for p in pieces] == [
+        (2, ("image", "", 2, 2)),
+        (1, ("image", "", 2, 2)),
+        (1, ("image", "", 3, 3)),
+        (1, ("image", "", 2, 2)),
     ]
 
 
@@ -359,23 +361,29 @@ def test_remaining_delay_and_split_rows() -> None:
 # --- model folder ------------------------------------------------------------------------------
 
 
-def test_pick_version_and_classes() -> None:
-    assert pick_version(["1", "10", "2", "variables", ".tmp"]) == "10"
-    assert pick_version(["assets"]) is None
+def test_parse_classes() -> None:
     assert parse_classes('["a", "b"]', "classes.json") == ("a", "b")
     with pytest.raises(ModelError, match=r"classes\.json: must be a non-empty JSON list"):
         parse_classes("{}", "classes.json")
 
 
-def test_find_model_files(tmp_path: Path) -> None:
+def test_scan_finds_versions_and_labels_on_disk(tmp_path: Path) -> None:
     with pytest.raises(ModelError, match="does not exist"):
-        find_model_files(tmp_path / "missing")
-    with pytest.raises(ModelError, match="no SavedModel in"):
-        find_model_files(tmp_path)
-    (tmp_path / "1").mkdir()
-    (tmp_path / "1" / "saved_model.pb").write_bytes(b"")
-    with pytest.raises(ModelError, match=r"classes\.json is missing"):
-        find_model_files(tmp_path)
-    (tmp_path / "classes.json").write_text('["0", "1"]')
-    files = find_model_files(tmp_path)
-    assert (files.saved_model, files.classes) == (tmp_path / "1", ("0", "1"))
+        scan(tmp_path / "missing")
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    with pytest.raises(ModelError, match=r"^no SavedModel found .* in .*/model$"):
+        scan(model_dir)
+    for version in ("1", "2"):
+        (model_dir / version).mkdir()
+        (model_dir / version / "saved_model.pb").write_bytes(b"")
+    (model_dir / "classes.json").write_text('["0", "1"]')
+    (model_dir / "other" / "7").mkdir(parents=True)
+    (model_dir / "other" / "7" / "saved_model.pb").write_bytes(b"")
+    archive = scan(model_dir, "other")
+    assert archive.catalog.default == "other"
+    assert [(m.name, m.versions) for m in archive.catalog.models] == [
+        ("model", ((2, "2"), (1, "1"))),
+        ("other", ((7, "other/7"),)),
+    ]
+    assert archive.labels == {"model": ("0", "1")}

@@ -2,9 +2,12 @@
 predictor.py, and its TensorFlow variant in aws-samples' local-mode examples), for our model.
 
 gunicorn sync workers run this Flask app; each worker loads the model lazily on its first
-/ping or request, and every request decodes its image and calls the model on it alone. The
+/ping or request, and every request decodes its body and calls the model on it alone. The
 call is the SavedModel's serving function: Keras' predict() would add its own per-call
-overhead on top, so this baseline is the faster form of the pattern.
+overhead on top, so this baseline is the faster form of the pattern. An image (the built-in
+model, with classes.json) answers labels; JSON (`{"instances": ...}` or the bare list the SDK
+sends, for any one-input SavedModel) answers `{"predictions": ...}`, as aws-samples' TensorFlow
+variant does.
 
     gunicorn -k sync -w 2 -b 0.0.0.0:8080 --chdir /opt/bench flask_baseline:app
 """
@@ -33,8 +36,12 @@ class ScoringService:
     @classmethod
     def get_model(cls) -> Any:
         if cls.model is None:
-            cls.model = tf.saved_model.load(str(MODEL_DIR / "1")).signatures["serving_default"]
-            cls.classes = json.loads((MODEL_DIR / "classes.json").read_text())
+            version = max(
+                (p for p in MODEL_DIR.iterdir() if p.name.isdigit()), key=lambda p: int(p.name)
+            )
+            cls.model = tf.saved_model.load(str(version)).signatures["serving_default"]
+            labels = MODEL_DIR / "classes.json"
+            cls.classes = json.loads(labels.read_text()) if labels.is_file() else None
         return cls.model
 
 
@@ -46,6 +53,8 @@ def ping() -> flask.Response:
 
 @app.route("/invocations", methods=["POST"])
 def invocations() -> flask.Response:
+    if flask.request.content_type == "application/json":
+        return _predict_json()
     if flask.request.content_type not in ("image/png", "image/jpeg", "application/x-image"):
         return flask.Response(response="This predictor only supports images", status=415)
     image = np.asarray(Image.open(io.BytesIO(flask.request.data)).convert("RGB"))
@@ -61,3 +70,15 @@ def invocations() -> flask.Response:
         ]
     }
     return flask.Response(response=json.dumps(result), status=200, mimetype="application/json")
+
+
+def _predict_json() -> flask.Response:
+    model = ScoringService.get_model()
+    document = json.loads(flask.request.data)
+    instances = document["instances"] if isinstance(document, dict) else document
+    [(name, spec)] = model.structured_input_signature[1].items()
+    outputs = model(**{name: tf.constant(instances, spec.dtype)})
+    predictions = next(iter(outputs.values())).numpy().tolist()
+    return flask.Response(
+        response=json.dumps({"predictions": predictions}), status=200, mimetype="application/json"
+    )

@@ -1,0 +1,157 @@
+"""`code/inference.py` in the model archive: SageMaker's TF Serving container's pre/post-processing
+hooks, with the same names, arguments and context fields.
+
+    def handler(data, context) -> (body, content_type)             the whole request, or
+    def input_handler(data, context) -> TF Serving request body     before the model, and/or
+    def output_handler(response, context) -> (body, content_type)   after it
+
+`data` is the request body as a file object (`data.read()`); `response` has `status_code`,
+`content` (bytes), `text` and `json()`, like the `requests.Response` AWS's container passes.
+`context` is a `Context`: AWS's fields in AWS's order. Its `rest_uri` is a real address: this
+server answers TF Serving's REST API on `/v1/models/...` on the loopback, so a `handler` that
+posts to it (`requests.post(context.rest_uri, data=...)`) works unchanged; `grpc_port` and
+`channel` are None (there is no gRPC server). `code/requirements.txt` is installed when the
+server starts (a package pip cannot install stops it, naming the package) and `code/lib` goes
+first on the import path.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import logging
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from serve.discovery import ModelError
+
+log = logging.getLogger(__name__)
+
+CODE_DIR = "code"
+SCRIPT = "inference.py"
+REQUIREMENTS = "requirements.txt"
+LIB_DIR = "lib"
+
+
+class Context(NamedTuple):
+    """What a hook learns about its request (AWS's container's `Context`, field for field)."""
+
+    model_name: str
+    model_version: str
+    method: str
+    rest_uri: str
+    grpc_port: int | None
+    channel: Any
+    custom_attributes: str | None
+    request_content_type: str | None
+    accept_header: str | None
+    content_length: int
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelResponse:
+    """What `output_handler` gets: the model's answer as TF Serving's REST API gives it."""
+
+    status_code: int
+    content: bytes
+    headers: dict[str, str] = dataclasses.field(default_factory=dict)
+
+    @property
+    def text(self) -> str:
+        return self.content.decode("utf-8", "replace")
+
+    def json(self) -> Any:
+        return json.loads(self.content)
+
+
+@dataclasses.dataclass(frozen=True)
+class Hooks:
+    handler: Callable[[Any, Context], Any] | None = None
+    input_handler: Callable[[Any, Context], Any] | None = None
+    output_handler: Callable[[ModelResponse, Context], Any] | None = None
+
+
+def rest_uri(port: int, model: str, version: int | None, method: str) -> str:
+    versions = "" if version is None else f"/versions/{version}"
+    return f"http://127.0.0.1:{port}/v1/models/{model}{versions}:{method}"
+
+
+def code_dir(model_dir: Path) -> Path:
+    return model_dir / CODE_DIR
+
+
+def add_lib_to_path(model_dir: Path) -> None:
+    lib = code_dir(model_dir) / LIB_DIR
+    if lib.is_dir() and str(lib) not in sys.path:
+        sys.path.insert(0, str(lib))
+
+
+def install_requirements(model_dir: Path) -> None:
+    """pip install -r code/requirements.txt into the image's Python; ModelError naming the
+    package pip could not install."""
+    # The entry point's reading of pip's output: one place for both.
+    from entrypoint.main import failed_requirement, last_error_line  # noqa: PLC0415
+
+    requirements = code_dir(model_dir) / REQUIREMENTS
+    if not requirements.is_file():
+        return
+    log.info("installing %s/%s", CODE_DIR, REQUIREMENTS)
+    command = [
+        sys.executable, "-m", "pip", "install", "--no-input", "--disable-pip-version-check",
+        "--progress-bar", "off", "-r", str(requirements),
+    ]  # fmt: skip
+    result = subprocess.run(
+        command, capture_output=True, text=True, check=False, stdin=subprocess.DEVNULL
+    )
+    output = result.stdout + result.stderr
+    for line in output.splitlines():
+        log.info("pip: %s", line)
+    if result.returncode != 0:
+        package = failed_requirement(output)
+        what = f"cannot install {package}" if package else "pip install failed"
+        raise ModelError(f"{CODE_DIR}/{REQUIREMENTS}: {what} ({last_error_line(output)})")
+
+
+def load_hooks(model_dir: Path) -> Hooks | None:
+    """Import code/inference.py, if there is one; ModelError if it defines no hook."""
+    script = code_dir(model_dir) / SCRIPT
+    if not script.is_file():
+        return None
+    add_lib_to_path(model_dir)
+    spec = importlib.util.spec_from_file_location("inference", script)
+    if spec is None or spec.loader is None:
+        raise ModelError(f"cannot import {script}")
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:  # noqa: BLE001  (the user's module: any error stops the start)
+        raise ModelError(f"{script}: {' '.join(f'{type(exc).__name__}: {exc}'.split())}") from None
+    hooks = Hooks(
+        getattr(module, "handler", None),
+        getattr(module, "input_handler", None),
+        getattr(module, "output_handler", None),
+    )
+    if not (hooks.handler or hooks.input_handler or hooks.output_handler):
+        raise ModelError(f"{script} defines none of handler, input_handler, output_handler")
+    return hooks
+
+
+def as_body(value: Any) -> bytes:
+    """What input_handler returned, as a request body (str, bytes, or a JSON-able value)."""
+    if isinstance(value, bytes | bytearray):
+        return bytes(value)
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    return json.dumps(value).encode()
+
+
+def as_response(value: Any, default_type: str) -> tuple[bytes, str]:
+    """What handler/output_handler returned: (body, content type), or a body alone."""
+    if isinstance(value, tuple) and len(value) == 2:
+        body, content_type = value
+        return as_body(body), str(content_type or default_type)
+    return as_body(value), default_type

@@ -1,0 +1,345 @@
+"""`docker run IMAGE serve` with SavedModels that are not the built-in model, as SageMaker starts
+it, driven by real clients: plain HTTP, the SageMaker Python SDK (v2) in local mode deploying a
+model a user's own script trained in our image, and headless chromium on the page at /.
+
+One archive of five small models (a Keras MLP in two versions, a two-input model, a string
+model, TF Serving's half_plus_three as a TF1 model with regress and classify signatures, and an
+image classifier with classes.json) is served by one container for most tests.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import tarfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from harness.serving import Browser, ServeContainer, call_directly, make_models, post
+from tests.conftest import image_name
+from tests.test_serve_docker import FAKE_ROLE, sdk_session  # noqa: F401  (a fixture)
+
+pytestmark = pytest.mark.docker
+
+JSON = "application/json"
+
+
+def attributes(value: str) -> dict[str, str]:
+    return {"X-Amzn-SageMaker-Custom-Attributes": value}
+
+
+@pytest.fixture(scope="module")
+def archive(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    out = tmp_path_factory.mktemp("serve-models")
+    expected = make_models(
+        os.environ.get("DOCKER", "docker"), image_name(), out, "mlp,multi,text,classifier,half"
+    )
+    (out / "expected.json").unlink()
+    return out, expected
+
+
+@pytest.fixture(scope="module")
+def server(archive: tuple[Path, dict]) -> Iterator[ServeContainer]:
+    container = ServeContainer(
+        os.environ.get("DOCKER", "docker"),
+        image_name(),
+        archive[0],
+        env={"SAGEMAKER_TFS_DEFAULT_MODEL_NAME": "classifier"},
+    )
+    container.start()
+    try:
+        container.wait_ready(timeout=600)
+        yield container
+    finally:
+        container.remove()
+
+
+def answer(
+    server: ServeContainer, body: object, headers: dict[str, str] | None = None
+) -> tuple[int, object]:
+    raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+    status, _, content = post(server, raw, JSON, headers)
+    return status, json.loads(content)
+
+
+def test_every_model_and_version_loads_with_the_named_default(server: ServeContainer) -> None:
+    logs = server.logs()
+    assert "serving classifier 1, half 1, mlp 2/1, multi 1, text 1 from /opt/ml/model " in logs
+    assert "(default classifier)" in logs
+    # No custom attribute: the default model, an image classifier, answers with labels.
+    pixels = np.full((1, 4, 4, 3), 255, np.uint8).tolist()
+    status, body = answer(server, pixels)
+    assert (status, body) == (
+        200,
+        {"predictions": [{"label": "light", "probabilities": [0.0, 1.0]}]},
+    )
+
+
+def test_row_and_columnar_requests_match_the_savedmodel(
+    server: ServeContainer, archive: tuple[Path, dict]
+) -> None:
+    expected = archive[1]
+    probe = expected["probe"]
+    status, body = answer(server, probe, attributes("tfs-model-name=mlp"))
+    assert status == 200
+    np.testing.assert_allclose(body["predictions"], expected["mlp/2"], rtol=1e-5)
+    status, body = answer(server, probe, attributes("tfs-model-name=mlp,tfs-model-version=1"))
+    np.testing.assert_allclose(body["predictions"], expected["mlp/1"], rtol=1e-5)
+    status, body = answer(server, {"inputs": {"features": probe}}, attributes("tfs-model-name=mlp"))
+    assert status == 200
+    np.testing.assert_allclose(body["outputs"], expected["mlp/2"], rtol=1e-5)
+
+
+def test_multi_input_string_and_examples_models(server: ServeContainer) -> None:
+    multi = attributes("tfs-model-name=multi")
+    assert answer(
+        server, {"instances": [{"a": [1, 2], "b": 3}, {"a": [0.5, 0], "b": 0}]}, multi
+    ) == (
+        200,
+        {"predictions": [{"double": [2.0, 4.0], "sum": 6.0}, {"double": [1.0, 0.0], "sum": 0.5}]},
+    )
+    assert answer(server, {"inputs": {"a": [[1, 2]], "b": [3]}}, multi) == (
+        200,
+        {"outputs": {"double": [[2.0, 4.0]], "sum": [6.0]}},
+    )
+    hello = base64.b64encode("hé".encode()).decode()
+    assert answer(
+        server, {"instances": [{"b64": hello}, "abc"]}, attributes("tfs-model-name=text")
+    ) == (
+        200,
+        {
+            "predictions": [
+                {"length": 3, "upper_bytes": {"b64": base64.b64encode("Hé".encode()).decode()}},
+                {"length": 3, "upper_bytes": {"b64": "QUJD"}},
+            ]
+        },
+    )
+    half = "tfs-model-name=half"
+    status, _, content = post(server, b"1.0\n2.0\n5.0", "text/csv", attributes(half))
+    assert (status, content) == (200, b'{"predictions": [3.5, 4.0, 5.5]}')
+    assert answer(
+        server,
+        {"signature_name": "regress_x_to_y", "examples": [{"x": 1.0}, {"x": [3.0]}]},
+        attributes(f"{half},tfs-method=regress"),
+    ) == (200, {"results": [3.5, 4.5]})
+    status, body = answer(
+        server,
+        {"signature_name": "classify_x", "examples": [{"x": 0.0}]},
+        attributes(f"{half},tfs-method=classify"),
+    )
+    assert (status, body) == (200, {"results": [[["lo", 0.5], ["hi", 0.5]]]})
+
+
+def test_bad_requests_get_their_status_and_the_next_one_is_served(server: ServeContainer) -> None:
+    mlp = attributes("tfs-model-name=mlp")
+    cases = [
+        (b"{oops", mlp, 400, "JSON Parse error: "),
+        (
+            b'{"instances": [[1, 2, 3, 4, 5, 6, 7, 8], [1]]}',
+            mlp,
+            400,
+            "Failed to process element: 1",
+        ),
+        (b'{"instances": [["a", 2, 3, 4, 5, 6, 7, 8]]}', mlp, 400, "Failed to process element: 0"),
+        (b"[[1, 2, 3]]", mlp, 400, "InvalidArgumentError: "),
+        (b'{"signature_name": "x", "instances": [1]}', mlp, 400, 'Serving signature name: "x"'),
+        (b"[1]", attributes("tfs-model-name=nope"), 404, "Servable not found for request: Latest"),
+        (b"[1]", attributes("tfs-model-name=mlp,tfs-model-version=7"), 404, "Servable not found"),
+        (b"x" * (6 * 1024 * 1024 + 1), mlp, 413, "body of 6291457 bytes is over the limit"),
+    ]
+    for body, headers, status, message in cases:
+        got, response_headers, content = post(server, body, JSON, headers)
+        assert got == status, (message, content[:300])
+        assert response_headers["content-type"] == JSON
+        assert json.loads(content)["error"].startswith(message), content[:300]
+    status, _, content = post(server, b"[1, 2, 3, 4, 5, 6, 7, 8]", "text/plain", mlp)
+    assert (status, content) == (415, b'{"error": "Unsupported Media Type: text/plain"}')
+    status, body = answer(server, [[0.0] * 8], mlp)
+    assert status == 200 and len(body["predictions"][0]) == 3
+    assert "Traceback" not in server.logs()
+
+
+def test_page_in_headless_chromium(server: ServeContainer, tmp_path: Path) -> None:
+    """GET / in a real browser: pick an image, the page posts it and shows label and
+    probabilities from the classifier (the default model here)."""
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("chromium is not installed (docker/setup-docker.sh installs it)")
+        pytest.skip("chromium is not installed")
+    image = tmp_path / "bright.png"
+    Image.fromarray(np.full((8, 8, 3), 230, np.uint8)).save(image)
+    browser = Browser(chromium, tmp_path / "profile")
+    try:
+        browser.open(f"http://{server.address}:{server.port}/")
+        browser.pick_file("#file", image)
+        assert browser.wait_for("document.getElementById('label').textContent") == "light"
+        rows = browser.evaluate(
+            "[...document.querySelectorAll('#probabilities tr')].map(r => r.innerText.trim())"
+        )
+        assert rows == ["dark\t0.0980", "light\t0.9020"], rows
+    finally:
+        browser.close()
+
+
+# --- code/inference.py ---------------------------------------------------------------------------
+
+INFERENCE_PY = """
+import json
+
+import requests
+from csvhelp import parse_line  # code/lib is on the path
+
+
+def handler(data, context):
+    body = data.read()
+    if body == b"raise":
+        raise ValueError("handler refused the request")
+    values = [parse_line(line) for line in body.decode().splitlines()]
+    response = requests.post(context.rest_uri, data=json.dumps({"instances": values}))
+    if response.status_code != 200:
+        return response.content, "application/json"
+    rows = response.json()["predictions"]
+    answer = {"y": rows, "model": context.model_name, "version": context.model_version,
+              "type": context.request_content_type, "length": context.content_length}
+    return json.dumps(answer), "application/vnd.example+json"
+"""
+
+
+def test_inference_py_handler_with_requirements_and_lib(
+    tmp_path: Path, docker: str, image: str
+) -> None:
+    make_models(docker, image, tmp_path, "half")
+    (tmp_path / "expected.json").unlink()
+    code = tmp_path / "code"
+    (code / "lib").mkdir(parents=True)
+    (code / "inference.py").write_text(INFERENCE_PY)
+    (code / "lib" / "csvhelp.py").write_text("def parse_line(line):\n    return float(line)\n")
+    # Installed at start; offline here, so a requirement that is already satisfied.
+    (code / "requirements.txt").write_text("--no-index\nnumpy\n")
+    container = ServeContainer(docker, image, tmp_path)
+    container.start()
+    try:
+        container.wait_ready(timeout=600)
+        status, headers, content = post(container, b"1.0\n5.0", "text/csv")
+        assert status == 200, content
+        assert headers["content-type"] == "application/vnd.example+json"
+        assert json.loads(content) == {
+            "y": [3.5, 5.5], "model": "half", "version": "1", "type": "text/csv", "length": 7,
+        }  # fmt: skip
+        status, _, content = post(container, b"raise", "text/csv")
+        assert (status, json.loads(content)) == (500, {"error": "handler refused the request"})
+        status, _, content = post(container, b"2.0", "text/csv")
+        assert (status, content) == (
+            200,
+            b'{"y": [4.0], "model": "half", "version": "1", "type": "text/csv", "length": 3}',
+        )
+        assert "installing code/requirements.txt" in container.logs()
+    finally:
+        container.remove()
+
+
+def test_a_requirement_that_cannot_be_installed_stops_the_start(
+    tmp_path: Path, docker: str, image: str
+) -> None:
+    (tmp_path / "1").mkdir()
+    (tmp_path / "1" / "saved_model.pb").write_bytes(b"")
+    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / "requirements.txt").write_text(
+        "--no-index\nno-such-package-sm-horovod==1.0\n"
+    )
+    container = ServeContainer(docker, image, tmp_path)
+    container.start()
+    try:
+        code, errors = container.failed_start(timeout=90)
+        assert code == 2
+        assert len(errors) == 1, container.logs()
+        assert errors[0].endswith(
+            "cannot serve: code/requirements.txt: cannot install no-such-package-sm-horovod==1.0 "
+            "(ERROR: No matching distribution found for no-such-package-sm-horovod==1.0)"
+        ), errors
+    finally:
+        container.remove()
+
+
+# --- the SageMaker Python SDK (v2): train a user's script, deploy it, predict -------------------
+
+USER_SCRIPT = """
+import argparse, os
+import numpy as np
+import tensorflow as tf
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--epochs", type=int, default=2)
+parser.add_argument("--model_dir", type=str, default=None)
+args = parser.parse_args()
+
+rng = np.random.default_rng(0)
+images = rng.integers(0, 256, (256, 8, 8, 1)).astype("float32")
+labels = (images.mean(axis=(1, 2, 3)) > 127).astype("int64")
+model = tf.keras.Sequential([
+    tf.keras.Input((8, 8, 1)),
+    tf.keras.layers.Rescaling(1 / 255),
+    tf.keras.layers.Conv2D(4, 3, activation="relu"),
+    tf.keras.layers.Flatten(),
+    tf.keras.layers.Dense(2, activation="softmax"),
+])
+model.compile("adam", "sparse_categorical_crossentropy", metrics=["accuracy"])
+model.fit(images, labels, epochs=args.epochs, verbose=2)
+model.save(os.path.join(os.environ["SM_MODEL_DIR"], "1"))
+"""
+
+
+@pytest.mark.timeout(600)
+def test_sdk_deploys_a_model_trained_by_the_users_script(
+    sdk_session: object,  # noqa: F811
+    tmp_path: Path,
+    docker: str,
+    image: str,
+) -> None:
+    from sagemaker.tensorflow import TensorFlow  # noqa: PLC0415
+
+    source = tmp_path / "src"
+    source.mkdir()
+    (source / "train.py").write_text(USER_SCRIPT)
+    output = tmp_path / "output"
+    output.mkdir()
+    estimator = TensorFlow(
+        entry_point="train.py",
+        source_dir=str(source),
+        image_uri=image,
+        role=FAKE_ROLE,
+        instance_count=1,
+        instance_type="local",
+        framework_version="2.14",
+        py_version="py310",
+        hyperparameters={"epochs": 2},
+        output_path=f"file://{output}",
+        sagemaker_session=sdk_session,
+    )
+    estimator.fit(wait=True)
+    # What AWS's tutorials do next: deploy, then predict a numpy array (uint8 pixels as ints).
+    array = np.random.default_rng(1).integers(0, 256, (3, 8, 8, 1))
+    # code_location: TensorFlowModel asks STS for a default bucket name without one, even in
+    # local mode where nothing is uploaded (no entry_point, no repack); nothing answers here.
+    predictor = estimator.deploy(
+        initial_instance_count=1, instance_type="local", code_location="s3://sm-horovod-local/code"
+    )
+    try:
+        response = predictor.predict(array)
+    finally:
+        predictor.delete_endpoint()
+    model_tar = next(output.rglob("model.tar.gz"))
+    unpacked = tmp_path / "model"
+    with tarfile.open(model_tar) as tar:
+        tar.extractall(unpacked, filter="data")
+    direct = call_directly(docker, image, unpacked / "1", array.tolist())
+    [values] = direct.values()
+    assert set(response) == {"predictions"}
+    np.testing.assert_allclose(response["predictions"], values, rtol=1e-5, atol=1e-7)

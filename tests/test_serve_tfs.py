@@ -1,0 +1,792 @@
+"""serve for any SavedModel: TF Serving's REST format and SageMaker's TF Serving container rules.
+
+Pure tables (request parsing, dtype rules, response shaping, custom attributes, discovery), then
+the app in-process with small numpy stand-ins for SavedModel signatures: a conformance table of
+request -> (status, exact body), including every case SageMaker's TF Serving container pins in
+its own tests (test/integration/local/test_container.py, on half_plus_three), and the hooks of
+code/inference.py. The real TensorFlow models in the real image: test_serve_generic_docker.py.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+from starlette.testclient import TestClient
+
+from serve import hooks, page, tfs
+from serve.app import Loaded, create_app
+from serve.batching import run_merged
+from serve.discovery import ModelError, discover
+from serve.model import Model, Registry, Signature, Version
+from serve.settings import Settings, settings_from_env
+
+F32 = tfs.TensorSpec("float32", None)
+
+# --- SageMaker's body rules --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("body", "document"),
+    [
+        ("[1.0, 2.0, 5.0]", '{"instances": [[1.0, 2.0, 5.0]]}'),
+        ("[[1, 2], [3, 4]]", '{"instances": [[1, 2], [3, 4]]}'),
+        ("3", '{"instances": [3]}'),
+        ('{"x": 1}', '{"instances": [{"x": 1}]}'),
+        ("[1, 2]\n[3, 4]\n", '{"instances": [[1, 2],[3, 4]]}'),
+        ('{"x": 1}\n\n{"x": 2}', '{"instances": [{"x": 1},{"x": 2}]}'),
+        ('{"instances": [1]}', '{"instances": [1]}'),
+        (
+            '{"signature_name": "s", "inputs": {"a": 1}}',
+            '{"signature_name": "s", "inputs": {"a": 1}}',
+        ),
+        ('{"examples": []}', '{"examples": []}'),
+    ],
+)
+def test_json_body_rules(body: str, document: str) -> None:
+    assert tfs.json_document_text(body) == document
+
+
+@pytest.mark.parametrize(
+    ("body", "document"),
+    [
+        ("1.0", {"instances": [1.0]}),
+        ("1.0\n2.0\n5.0\n", {"instances": [1.0, 2.0, 5.0]}),
+        ("1.0,2.0,5.0", {"instances": [[1.0, 2.0, 5.0]]}),
+        ("1,2\r\n3,4", {"instances": [[1, 2], [3, 4]]}),
+        ("a,b\nc,d", {"instances": [["a", "b"], ["c", "d"]]}),
+        ('"x"', {"instances": ["x"]}),
+    ],
+)
+def test_csv_one_instance_per_line(body: str, document: dict) -> None:
+    assert tfs.request_document(body.encode(), "text/csv") == document
+
+
+@pytest.mark.parametrize(
+    ("body", "content_type", "status", "message"),
+    [
+        (b"1,x", "text/csv", 400, "CSV line 1: '1,x' is not all numbers"),
+        (b"\n", "text/csv", 400, "CSV body has no line"),
+        (b"whatever", "application/json", 400, "JSON Parse error: Expecting value at offset: 15"),
+        (b"\xff", "application/json", 400, "JSON Parse error: Invalid encoding in string. at"),
+        (b"[1]", "text/plain", 415, "Unsupported Media Type: text/plain"),
+        (b"[1]", None, 415, "Unsupported Media Type: "),
+    ],
+)
+def test_request_document_errors(
+    body: bytes, content_type: str | None, status: int, message: str
+) -> None:
+    with pytest.raises(tfs.TfsError) as caught:
+        tfs.request_document(body, content_type)
+    assert caught.value.status == status
+    assert str(caught.value).startswith(message), str(caught.value)
+
+
+# --- custom attributes, Accept -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("header", "expected"),
+    [
+        (None, tfs.CustomAttributes()),
+        ("tfs-model-name=m2", tfs.CustomAttributes("m2")),
+        (
+            "tfs-model-name=m2,tfs-model-version=3,tfs-method=regress",
+            tfs.CustomAttributes("m2", 3, "regress"),
+        ),
+        (
+            "top_k=3, tfs-method=classify ,tfs-unknown=x",
+            tfs.CustomAttributes(None, None, "classify"),
+        ),
+    ],
+)
+def test_custom_attributes(header: str | None, expected: tfs.CustomAttributes) -> None:
+    assert tfs.parse_custom_attributes(header) == expected
+
+
+@pytest.mark.parametrize(
+    ("header", "message"),
+    [
+        ("tfs-model-version=latest", "tfs-model-version='latest' is not a version number"),
+        ("tfs-method=explain", "tfs-method='explain' must be one of predict, classify, regress"),
+    ],
+)
+def test_custom_attributes_refused(header: str, message: str) -> None:
+    with pytest.raises(tfs.TfsError, match=f"^{message}$"):
+        tfs.parse_custom_attributes(header)
+
+
+@pytest.mark.parametrize(
+    ("accept", "chosen"),
+    [
+        (None, "application/json"),
+        ("*/*", "application/json"),
+        ("text/csv", "application/json"),
+        ("application/jsonlines", "application/jsonlines"),
+        ("text/csv, application/jsonlines, application/json", "application/jsonlines"),
+    ],
+)
+def test_accept_type(accept: str | None, chosen: str) -> None:
+    assert tfs.accept_type(accept) == chosen
+
+
+# --- JSON -> tensors ---------------------------------------------------------------------------
+
+
+def test_tensors_keep_the_signature_dtype() -> None:
+    floats = tfs.to_tensor([[1, 2.5]], "float32")
+    assert floats.dtype == np.float32 and floats.tolist() == [[1.0, 2.5]]
+    assert tfs.to_tensor([True, False], "bool").tolist() == [True, False]
+    strings = tfs.to_tensor(["hé", {"b64": "AAE="}], "string")
+    assert strings.tolist() == ["hé".encode(), b"\x00\x01"]
+    assert tfs.to_tensor(7, "int64").shape == ()
+    assert tfs.to_tensor([[], []], "float32").shape == (2, 0)
+
+
+@pytest.mark.parametrize(
+    ("value", "dtype", "status", "message"),
+    [
+        ([1.5], "int32", 400, "JSON Value: 1.5 Type: Number is not of expected type: int32"),
+        ([True], "float32", 400, "JSON Value: true Type: True is not of expected type: float"),
+        (["a"], "float64", 400, 'JSON Value: "a" Type: String is not of expected type: double'),
+        ([1], "string", 400, "JSON Value: 1 Type: Number is not of expected type: string"),
+        ([-1], "uint32", 400, "JSON Value: -1 Type: Number is not of expected type: uint32"),
+        ([None], "bool", 400, "JSON Value: null Type: Null is not of expected type: bool"),
+        ([{"b64": "AA=="}], "float32", 400, 'JSON Value: {"b64":"AA=="} Type: Object is not'),
+        ([{"b64": "!"}], "string", 400, "Unable to base64 decode"),
+        ([{"b64": "AA", "x": 1}], "string", 400, 'JSON Value: {"b64":"AA","x":1} not formatted'),
+        (
+            [16777217],
+            "float32",
+            400,
+            "Cannot convert JSON value: 16777217 to float without loss of precision.",
+        ),
+        ([1.0], "float16", 501, "Conversion of JSON Value: 1.0 to type: half"),
+        (
+            [[1, 2], [3]],
+            "float32",
+            400,
+            "Encountered list at unexpected size: 1 at level: 1 expected size: 2",
+        ),
+        (
+            [[1, 2], 3],
+            "float32",
+            400,
+            "JSON Value: 3 found at incorrect level: 2 in the JSON DOM. Expected at level: 2",
+        ),
+        ([1, [2]], "float32", 400, "Encountered list at unexpected level: 1 expected < 1"),
+    ],
+)
+def test_dtype_and_shape_rules(value: object, dtype: str, status: int, message: str) -> None:
+    with pytest.raises(tfs.TfsError) as caught:
+        tfs.to_tensor(value, dtype)
+    assert caught.value.status == status
+    assert str(caught.value).startswith(message), str(caught.value)
+
+
+TWO_INPUTS = {"a": tfs.TensorSpec("float32", (None, 2)), "b": tfs.TensorSpec("int64", (None,))}
+
+
+def test_row_and_columnar_inputs() -> None:
+    rows = tfs.tensors_from_instances([{"a": [1, 2], "b": 3}, {"a": [4, 5], "b": 6}], TWO_INPUTS)
+    assert {k: v.tolist() for k, v in rows.items()} == {"a": [[1, 2], [4, 5]], "b": [3, 6]}
+    columns = tfs.tensors_from_inputs({"a": [[1, 2]], "b": [3], "extra": 1}, TWO_INPUTS)
+    assert {k: v.shape for k, v in columns.items()} == {"a": (1, 2), "b": (1,)}
+    single = tfs.tensors_from_instances([{"b64": "aGk="}], {"s": tfs.TensorSpec("string")})
+    assert single["s"].tolist() == [b"hi"]
+
+
+@pytest.mark.parametrize(
+    ("document", "message"),
+    [
+        ([1], "JSON Value: [1] Is not object"),
+        ({"signature_name": 3, "instances": [1]}, 'JSON Value: {"signature_name":3,'),
+        ({"signature_name": "x", "instances": [1]}, 'Serving signature name: "x" not found in'),
+        ({"instances": [1], "inputs": [1]}, 'JSON Value: {"instances":[1],"inputs":[1]} Not'),
+        ({"instances": 1}, "JSON Value: {\"instances\":1} Excepting 'instances' to be an list"),
+        ({"instances": []}, "JSON Value: {\"instances\":[]} No values in 'instances' array"),
+        ({"other": 1}, "Missing 'inputs' or 'instances' key"),
+        (
+            {"instances": [[1, 2]]},
+            "instances is a plain list, but expecting list of objects as multiple input",
+        ),
+        (
+            {"instances": [{"a": [1, 2], "b": 1}, [1]]},
+            "Expecting object but got list at item 1 of input list",
+        ),
+        (
+            {"instances": [{"a": [1, 2]}]},
+            "Failed to process element: 0 of 'instances' list. JSON object: {\"a\":[1,2]} keys "
+            "must be equal to: a,b",
+        ),
+        (
+            {"instances": [{"a": [1, 2], "b": 1}, {"a": [1], "b": 1}]},
+            "Failed to process element: 1 key: a of 'instances' list. Error: Invalid argument: "
+            "Expecting tensor size: 2 but got: 1",
+        ),
+        (
+            {"instances": [{"a": [1, 2], "b": 1.5}]},
+            "Failed to process element: 0 key: b of 'instances' list. Error: Invalid argument: "
+            "JSON Value: 1.5 Type: Number is not of expected type: int64",
+        ),
+        ({"inputs": [1]}, "inputs is a plain value/list, but expecting an object as multiple"),
+        ({"inputs": {"a": [1, 2]}}, "Missing named input: b in 'inputs' object."),
+    ],
+)
+def test_predict_request_errors(document: object, message: str) -> None:
+    signatures = {"serving_default": tfs.SignatureSpec(TWO_INPUTS, {"y": F32})}
+    with pytest.raises(tfs.TfsError) as caught:
+        tfs.parse_predict(document, signatures)
+    assert caught.value.status == 400
+    assert str(caught.value).startswith(message), str(caught.value)
+
+
+def test_examples_for_classify_and_regress() -> None:
+    request = tfs.parse_examples(
+        {
+            "context": {"c": "k", "n": 1},
+            "examples": [{"x": [1.5, 2.0]}, {"n": True, "b": {"b64": "AA=="}}],
+        },
+        "regress",
+    )
+    assert request.examples == [
+        {"c": ("bytes", [b"k"]), "n": ("int64", [1]), "x": ("float", [1.5, 2.0])},
+        {"c": ("bytes", [b"k"]), "n": ("int64", [1]), "b": ("bytes", [b"\x00"])},
+    ]
+    with pytest.raises(
+        tfs.TfsError, match="Unexpected element type in feature: x expecting type: float"
+    ):
+        tfs.parse_examples({"examples": [{"x": [1.5, 2]}]}, "classify")
+    with pytest.raises(tfs.TfsError, match="When method is classify, key 'examples' is expected"):
+        tfs.parse_examples({"instances": [1]}, "classify")
+
+
+# --- tensors -> JSON ---------------------------------------------------------------------------
+
+
+def test_responses_are_tf_servings() -> None:
+    one = {"y": np.array([[0.1, 1], [np.nan, np.inf]], np.float32)}
+    assert (
+        tfs.predict_response(one, columnar=False)
+        == b'{"predictions": [[0.1, 1.0], [NaN, Infinity]]}'
+    )
+    assert tfs.predict_response(one, columnar=True) == b'{"outputs": [[0.1, 1.0], [NaN, Infinity]]}'
+    several = {
+        "label": np.array([b"cat", b"dog"], object),
+        "image_bytes": np.array([b"\x00", b"\xff"], object),
+        "count": np.array([1, 2], np.int64),
+    }
+    assert json.loads(tfs.predict_response(several, columnar=False)) == {
+        "predictions": [
+            {"count": 1, "image_bytes": {"b64": "AA=="}, "label": "cat"},
+            {"count": 2, "image_bytes": {"b64": "/w=="}, "label": "dog"},
+        ]
+    }
+    assert json.loads(tfs.predict_response(several, columnar=True)) == {
+        "outputs": {
+            "count": [1, 2],
+            "image_bytes": [{"b64": "AA=="}, {"b64": "/w=="}],
+            "label": ["cat", "dog"],
+        }
+    }
+    with pytest.raises(tfs.TfsError, match=r"^Tensor name: s has no shape information $"):
+        tfs.predict_response({"s": np.float32(1)}, columnar=False)
+    with pytest.raises(
+        tfs.TfsError, match="Tensor name: b has inconsistent batch size: 3 expecting: 2"
+    ):
+        tfs.predict_response({"a": np.zeros(2), "b": np.zeros(3)}, columnar=False)
+    classified = {
+        "classes": np.array([[b"a", b"b"]], object),
+        "scores": np.array([[0.25, 0.75]], np.float32),
+    }
+    assert (
+        tfs.examples_response(classified, "classify")
+        == b'{"results": [[["a", 0.25], ["b", 0.75]]]}'
+    )
+    assert tfs.examples_response({"outputs": np.array([[1.5], [2]], np.float32)}, "regress") == (
+        b'{"results": [1.5, 2.0]}'
+    )
+
+
+def test_model_paths() -> None:
+    assert tfs.parse_model_path("half") == ("half", None, None)
+    assert tfs.parse_model_path("half/versions/2:regress") == ("half", 2, "regress")
+    with pytest.raises(tfs.TfsError, match="Malformed request"):
+        tfs.parse_model_path("half/labels/x:predict")
+
+
+# --- discovery ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("files", "default", "models", "chosen"),
+    [
+        (["1/saved_model.pb"], None, [("model", "", ((1, "1"),))], "model"),
+        (
+            ["1/saved_model.pb", "10/saved_model.pb", "2/saved_model.pb", "10/variables/x.pb"],
+            None,
+            [("model", "", ((10, "10"), (2, "2"), (1, "1")))],
+            "model",
+        ),
+        (
+            [
+                "m2/0003/saved_model.pb",
+                "deep/er/m1/7/saved_model.pb",
+                "m2/notaversion/saved_model.pb",
+            ],
+            None,
+            [("m1", "deep/er/m1", ((7, "deep/er/m1/7"),)), ("m2", "m2", ((3, "m2/0003"),))],
+            "m1",
+        ),
+        (
+            ["m1/1/saved_model.pb", "m2/1/saved_model.pb"],
+            "m2",
+            [("m1", "m1", ((1, "m1/1"),)), ("m2", "m2", ((1, "m2/1"),))],
+            "m2",
+        ),
+        (["saved_model.pb"], None, [("model", "", ((0, ""),))], "model"),
+    ],
+)
+def test_discovery(files: list[str], default: str | None, models: list, chosen: str) -> None:
+    catalog = discover(files, "model", default)
+    assert [(m.name, m.folder, m.versions) for m in catalog.models] == models
+    assert catalog.default == chosen
+
+
+@pytest.mark.parametrize(
+    ("files", "default", "message"),
+    [
+        ([], None, "no SavedModel found (expected <model dir>/<version>/saved_model.pb"),
+        (["model/variables/saved_model.pb"], None, "no SavedModel found"),
+        (
+            ["m1/1/saved_model.pb"],
+            "m3",
+            "SAGEMAKER_TFS_DEFAULT_MODEL_NAME='m3' names no model here (found m1)",
+        ),
+        (
+            ["a/m/1/saved_model.pb", "b/m/2/saved_model.pb"],
+            None,
+            "two models are named 'm': a/m/ and b/m/",
+        ),
+        (["m/1/saved_model.pb", "m/01/saved_model.pb"], None, "model 'm' has version 1 twice"),
+    ],
+)
+def test_discovery_refuses(files: list[str], default: str | None, message: str) -> None:
+    with pytest.raises(ModelError) as caught:
+        discover(files, "model", default)
+    assert str(caught.value).startswith(message), str(caught.value)
+
+
+def test_default_model_setting() -> None:
+    assert settings_from_env({"SAGEMAKER_TFS_DEFAULT_MODEL_NAME": " m2 "}).default_model == "m2"
+
+
+def test_run_merged_splits_rows_or_calls_alone() -> None:
+    calls: list[int] = []
+
+    def per_row(inputs: dict) -> dict:
+        calls.append(len(inputs["x"]))
+        return {"y": inputs["x"] * 2}
+
+    payloads = [{"x": np.array([1, 2])}, {"x": np.array([3])}]
+    assert [p["y"].tolist() for p in run_merged(per_row, payloads)] == [[2, 4], [6]]
+    assert calls == [3]
+
+    def reduces(inputs: dict) -> dict:
+        calls.append(len(inputs["x"]))
+        return {"total": np.array([inputs["x"].sum()])}
+
+    calls.clear()
+    assert [p["total"].tolist() for p in run_merged(reduces, payloads)] == [[3], [3]]
+    assert calls == [3, 2, 1]
+
+
+def test_page_renders_the_image_picker_or_a_notice() -> None:
+    picker = page.render("digits", ["0", "</script>"], None)
+    assert 'id="file"' in picker and '["0", "\\u003c/script>"]' in picker
+    notice = page.render("half<", None, None)
+    assert 'id="notice"' in notice and "half&lt;" in notice and 'id="file"' not in notice
+    assert "still" in page.render(None, None, "still loading")
+
+
+# --- the app, in-process: the conformance table ------------------------------------------------
+
+
+def _signature(
+    inputs: dict, outputs: dict, fn, method: str = "tensorflow/serving/predict"
+) -> Signature:
+    spec = tfs.SignatureSpec(inputs, outputs, method)
+
+    def call(tensors: dict) -> dict:
+        for name, value in tensors.items():
+            if spec.inputs[name].shape is not None and value.ndim != len(spec.inputs[name].shape):
+                raise tfs.TfsError(400, f"ValueError: {name} has rank {value.ndim}")
+        return fn(**tensors)
+
+    return Signature(spec, call)
+
+
+class Calls:
+    """Records the batch size of every half_plus_three call."""
+
+    def __init__(self, delay_s: float = 0.0) -> None:
+        self.sizes: list[int] = []
+        self.delay_s = delay_s
+
+    def half_plus(self, add: float):
+        def fn(x: np.ndarray) -> dict:
+            time.sleep(self.delay_s)
+            self.sizes.append(int(x.shape[0]) if x.ndim else 0)
+            return {"y": (x * 0.5 + add).astype(np.float32)}
+
+        return fn
+
+
+def registry(calls: Calls) -> Registry:
+    half = {
+        1: Version(1, {"serving_default": _signature({"x": F32}, {"y": F32}, calls.half_plus(2))}),
+        2: Version(
+            2,
+            {
+                "serving_default": _signature({"x": F32}, {"y": F32}, calls.half_plus(3)),
+                "half": _signature(
+                    {"x": tfs.TensorSpec("float16")}, {"y": F32}, calls.half_plus(3)
+                ),
+            },
+        ),
+    }
+    multi = {
+        1: Version(
+            1,
+            {
+                "serving_default": _signature(
+                    TWO_INPUTS,
+                    {"sum": F32, "double": F32},
+                    lambda a, b: {"sum": a.sum(axis=1) + b, "double": a * 2},
+                )
+            },
+        )
+    }
+    strings = {
+        1: Version(
+            1,
+            {
+                "serving_default": _signature(
+                    {"text": tfs.TensorSpec("string", (None,))},
+                    {"length": F32, "upper_bytes": F32},
+                    lambda text: {
+                        "length": np.array([len(t) for t in text], np.int32),
+                        "upper_bytes": np.array([t.upper() for t in text], object),
+                    },
+                )
+            },
+        )
+    }
+    return Registry(
+        {
+            "half_plus_three": Model("half_plus_three", half, 2),
+            "multi": Model("multi", multi, 1),
+            "echo": Model("echo", strings, 1),
+        },
+        "half_plus_three",
+    )
+
+
+def client(calls: Calls, model_dir: Path | None = None, **settings) -> TestClient:
+    found = hooks.load_hooks(model_dir) if model_dir else None
+    app = create_app(
+        Settings(model_dir=model_dir or Path("/nonexistent"), **settings),
+        loader=lambda _s: Loaded(registry(calls), found),
+    )
+    return TestClient(app, raise_server_exceptions=False)
+
+
+def ready(test_client: TestClient) -> TestClient:
+    deadline = time.monotonic() + 10
+    while test_client.get("/ping").status_code != 200:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    return test_client
+
+
+JSON_CT = {"content-type": "application/json"}
+HALF_ROW = '{"predictions": [[3.5, 4.0, 5.5]]}'
+HALF_TWO_ROWS = '{"predictions": [[3.5, 4.0, 5.5], [3.5, 4.0, 5.5]]}'
+JUNK = (
+    "Failed to process element: 0 key: junk of 'instances' list. Error: Invalid argument: "
+    "JSON object: does not have named input: junk"
+)
+
+CONFORMANCE = [
+    # SageMaker's TF Serving container's own tests (half_plus_three).
+    ("wrapped list", "[1.0, 2.0, 5.0]", JSON_CT, 200, HALF_ROW),
+    ("list of lists", "[[1.0, 2.0, 5.0], [1.0, 2.0, 5.0]]", JSON_CT, 200, HALF_TWO_ROWS),
+    ("json lines as json", "[1.0, 2.0, 5.0]\n[1.0, 2.0, 5.0]", JSON_CT, 200, HALF_TWO_ROWS),
+    (
+        "json lines as jsons",
+        "[1.0, 2.0, 5.0]\n[1.0, 2.0, 5.0]",
+        {"content-type": "application/jsons"},
+        200,
+        HALF_TWO_ROWS,
+    ),
+    (
+        "json lines as jsonlines",
+        "[1.0, 2.0, 5.0]\n[1.0, 2.0, 5.0]",
+        {"content-type": "application/jsonlines"},
+        200,
+        HALF_TWO_ROWS,
+    ),
+    (
+        "json lines of objects",
+        '{"x": [1.0, 2.0, 5.0]}\n{"x": [1.0, 2.0, 5.0]}',
+        JSON_CT,
+        200,
+        HALF_TWO_ROWS,
+    ),
+    ("csv one value", "1.0", {"content-type": "text/csv"}, 200, '{"predictions": [3.5]}'),
+    (
+        "csv one column",
+        "1.0\n2.0\n5.0",
+        {"content-type": "text/csv"},
+        200,
+        '{"predictions": [3.5, 4.0, 5.5]}',
+    ),
+    ("csv one row", "1.0,2.0,5.0", {"content-type": "text/csv"}, 200, HALF_ROW),
+    ("junk", '{"junk": "data"}', JSON_CT, 400, json.dumps({"error": JUNK})),
+    (
+        "whatever",
+        "whatever",
+        JSON_CT,
+        400,
+        '{"error": "JSON Parse error: Expecting value at offset: 15"}',
+    ),
+    (
+        "accept jsonlines",
+        "[1.0, 2.0, 5.0]",
+        {**JSON_CT, "accept": "application/jsonlines"},
+        200,
+        HALF_ROW,
+    ),
+    (
+        "unknown model",
+        "[1.0]",
+        {**JSON_CT, "x-amzn-sagemaker-custom-attributes": "tfs-model-name=nope"},
+        404,
+        '{"error": "Servable not found for request: Latest(nope)"}',
+    ),
+    (
+        "unknown version",
+        "[1.0]",
+        {**JSON_CT, "x-amzn-sagemaker-custom-attributes": "tfs-model-version=9"},
+        404,
+        '{"error": "Servable not found for request: Specific(half_plus_three, 9)"}',
+    ),
+    (
+        "unsupported type",
+        "[1.0]",
+        {"content-type": "text/plain"},
+        415,
+        '{"error": "Unsupported Media Type: text/plain"}',
+    ),
+    # TF Serving's own formats.
+    ("instances", '{"instances": [1.0, 2, 5.0]}', JSON_CT, 200, '{"predictions": [3.5, 4.0, 5.5]}'),
+    ("columnar", '{"inputs": [[1.0, 2.0, 5.0]]}', JSON_CT, 200, '{"outputs": [[3.5, 4.0, 5.5]]}'),
+    ("nan", "[NaN, -Infinity]", JSON_CT, 200, '{"predictions": [[NaN, -Infinity]]}'),
+    (
+        "older version",
+        "[1.0]",
+        {**JSON_CT, "x-amzn-sagemaker-custom-attributes": "tfs-model-version=1"},
+        200,
+        '{"predictions": [[2.5]]}',
+    ),
+    (
+        "unknown signature",
+        '{"signature_name": "nope", "instances": [1.0]}',
+        JSON_CT,
+        400,
+        '{"error": "Serving signature name: \\"nope\\" not found in signature def"}',
+    ),
+    (
+        "half in rows",
+        '{"signature_name": "half", "instances": [1.0]}',
+        JSON_CT,
+        400,
+        json.dumps(
+            {
+                "error": "Failed to process element: 0 of 'instances' list. Error: "
+                "Unimplemented: Conversion of JSON Value: 1.0 to type: half"
+            }
+        ),
+    ),
+    (
+        "half columnar",
+        '{"signature_name": "half", "inputs": [1.0]}',
+        JSON_CT,
+        501,
+        '{"error": "Conversion of JSON Value: 1.0 to type: half"}',
+    ),
+    (
+        "regress on predict",
+        '{"examples": [{"x": 1.0}]}',
+        {**JSON_CT, "x-amzn-sagemaker-custom-attributes": "tfs-method=regress"},
+        400,
+        '{"error": "Expected regression signature method_name to be tensorflow/serving/regress. '
+        'Was: tensorflow/serving/predict"}',
+    ),
+    (
+        "multi rows",
+        '{"instances": [{"a": [1, 2], "b": 3}, {"a": [0.5, 0], "b": 0}]}',
+        {**JSON_CT, "x-amzn-sagemaker-custom-attributes": "tfs-model-name=multi"},
+        200,
+        '{"predictions": [{"double": [2.0, 4.0], "sum": 6.0}, {"double": [1.0, 0.0], "sum": 0.5}]}',
+    ),
+    (
+        "multi columnar",
+        '{"inputs": {"a": [[1, 2]], "b": [3]}}',
+        {**JSON_CT, "x-amzn-sagemaker-custom-attributes": "tfs-model-name=multi"},
+        200,
+        '{"outputs": {"double": [[2.0, 4.0]], "sum": [6.0]}}',
+    ),
+    (
+        "multi float for int",
+        '{"instances": [{"a": [1, 2], "b": 3.0}]}',
+        {**JSON_CT, "x-amzn-sagemaker-custom-attributes": "tfs-model-name=multi"},
+        400,
+        json.dumps(
+            {
+                "error": "Failed to process element: 0 key: b of 'instances' list. Error: "
+                "Invalid argument: JSON Value: 3.0 Type: Number is not of expected type: int64"
+            }
+        ),
+    ),
+    (
+        "ragged",
+        '{"instances": [{"a": [1, 2], "b": 3}, {"a": [1], "b": 3}]}',
+        {**JSON_CT, "x-amzn-sagemaker-custom-attributes": "tfs-model-name=multi"},
+        400,
+        json.dumps(
+            {
+                "error": "Failed to process element: 1 key: a of 'instances' list. Error: "
+                "Invalid argument: Expecting tensor size: 2 but got: 1"
+            }
+        ),
+    ),
+    (
+        "b64 string",
+        '{"instances": [{"b64": "aGk="}, "abc"]}',
+        {**JSON_CT, "x-amzn-sagemaker-custom-attributes": "tfs-model-name=echo"},
+        200,
+        '{"predictions": [{"length": 2, "upper_bytes": {"b64": "SEk="}}, '
+        '{"length": 3, "upper_bytes": {"b64": "QUJD"}}]}',
+    ),
+    (
+        "bad custom attribute",
+        "[1.0]",
+        {**JSON_CT, "x-amzn-sagemaker-custom-attributes": "tfs-method=explain"},
+        400,
+        '{"error": "tfs-method=\'explain\' must be one of predict, classify, regress"}',
+    ),
+]
+
+
+def test_conformance_table() -> None:
+    """Request -> (status, exact body), all on one server: no bad request breaks the next."""
+    with client(Calls()) as test_client:
+        ready(test_client)
+        for name, body, headers, status, expected in CONFORMANCE:
+            response = test_client.post("/invocations", content=body.encode(), headers=headers)
+            assert (name, response.status_code, response.text) == (name, status, expected)
+            wanted_type = (
+                headers.get("accept", "application/json") if status == 200 else "application/json"
+            )
+            assert response.headers["content-type"] == wanted_type, name
+
+
+def test_tf_serving_urls_on_the_same_server() -> None:
+    with client(Calls()) as test_client:
+        ready(test_client)
+        answer = test_client.post(
+            "/v1/models/half_plus_three/versions/1:predict", content=b'{"instances": [1.0]}'
+        )
+        assert (answer.status_code, answer.text) == (200, '{"predictions": [2.5]}')
+        status = test_client.get("/v1/models/half_plus_three")
+        assert [v["version"] for v in status.json()["model_version_status"]] == ["1", "2"]
+        assert test_client.get("/v1/models/nope").status_code == 404
+        assert (
+            test_client.post("/v1/models/half_plus_three:explain", content=b"{}").status_code == 404
+        )
+        home = test_client.get("/")
+        assert home.status_code == 200 and 'id="notice"' in home.text
+
+
+def test_concurrent_rows_of_one_shape_share_model_calls() -> None:
+    calls = Calls(delay_s=0.05)
+    with client(calls, max_batch_size=8, max_batch_delay_ms=20) as test_client:
+        ready(test_client)
+
+        def one(value: float) -> str:
+            response = test_client.post(
+                "/invocations", content=f"[{value}]".encode(), headers=JSON_CT
+            )
+            assert response.status_code == 200, response.text
+            return response.text
+
+        with ThreadPoolExecutor(16) as pool:
+            answers = list(pool.map(one, [2.0, 4.0] * 8))
+    assert answers == ['{"predictions": [[4.0]]}', '{"predictions": [[5.0]]}'] * 8
+    assert sum(calls.sizes) == 16 and max(calls.sizes) <= 8
+    assert len(calls.sizes) < 16, calls.sizes
+
+
+INFERENCE_PY = """
+import json
+
+def input_handler(data, context):
+    assert context.request_content_type == "text/csv", context
+    values = [float(x) for x in data.read().decode().split(",")]
+    if values[0] < 0:
+        raise ValueError("negative\\nvalues are not welcome")
+    return json.dumps({"instances": [values]})
+
+def output_handler(response, context):
+    if response.status_code != 200:
+        raise ValueError(response.text)
+    rows = response.json()["predictions"]
+    body = "\\n".join(",".join(str(v) for v in row) for row in rows)
+    return body, "text/csv"
+"""
+
+
+def test_inference_py_hooks(tmp_path: Path) -> None:
+    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / "inference.py").write_text(INFERENCE_PY)
+    with client(Calls(), tmp_path) as test_client:
+        ready(test_client)
+        answer = test_client.post(
+            "/invocations", content=b"1,2,5", headers={"content-type": "text/csv"}
+        )
+        assert (answer.status_code, answer.text) == (200, "3.5,4.0,5.5")
+        assert answer.headers["content-type"].startswith("text/csv")
+        failed = test_client.post(
+            "/invocations", content=b"-1", headers={"content-type": "text/csv"}
+        )
+        assert (failed.status_code, failed.json()) == (
+            500,
+            {"error": "negative values are not welcome"},
+        )
+        again = test_client.post("/invocations", content=b"2", headers={"content-type": "text/csv"})
+        assert (again.status_code, again.text) == (200, "4.0")
+
+
+def test_inference_py_without_hooks_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / "inference.py").write_text("x = 1\n")
+    with pytest.raises(ModelError, match="defines none of handler, input_handler, output_handler"):
+        hooks.load_hooks(tmp_path)
+    (tmp_path / "code" / "inference.py").write_text("raise ImportError('no numpy here')\n")
+    with pytest.raises(ModelError, match=r"inference\.py: ImportError: no numpy here$"):
+        hooks.load_hooks(tmp_path)
