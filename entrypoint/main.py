@@ -17,6 +17,7 @@ from pathlib import Path
 
 from entrypoint import protocol, sshkeys, supervise
 from entrypoint.contract import (
+    MODEL_DIR_PARAM,
     MPI_CUSTOM_OPTIONS_PARAM,
     Backend,
     BuiltinProgram,
@@ -42,6 +43,7 @@ from entrypoint.plan import (
 )
 from entrypoint.tf_config import TaskType
 from model.hparams import parse_hyperparameters
+from tf_s3.model_dir import head_bucket_error_code, missing_bucket_message
 
 log = logging.getLogger("entrypoint")
 
@@ -248,6 +250,11 @@ def run(env: Mapping[str, str], paths: ContractPaths) -> int:
         )
     if isinstance(contract.program, BuiltinProgram):
         _validate_builtin_program(contract)
+    model_dir = contract.program_hyperparameters.get(MODEL_DIR_PARAM, "")
+    if model_dir.startswith("s3://"):
+        missing = missing_bucket_message(MODEL_DIR_PARAM, model_dir, head_bucket_error_code(env))
+        if missing:
+            raise ContractError(missing)
     gpu_count = supervise.detect_gpu_count()
     plan: JobPlan = make_plan(contract, gpu_count=gpu_count)
     if isinstance(contract.program, UserScript):

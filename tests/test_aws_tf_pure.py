@@ -13,6 +13,7 @@ from entrypoint.contract import Backend, ContractError, parse_contract
 from entrypoint.plan import build_mpirun_argv, make_plan
 from smdistributed.dataparallel import mapping
 from smdistributed.dataparallel.mapping import ReduceOp
+from tf_s3.model_dir import missing_bucket_message
 
 RESOURCE = {"current_host": "algo-1", "hosts": ["algo-1", "algo-2"]}
 HYPERPARAMETERS_FILE = Path("/opt/ml/input/config/hyperparameters.json")
@@ -178,3 +179,35 @@ def test_the_documented_api_is_listed():
     }  # fmt: skip
     assert {"DistributedOptimizer", "callbacks", "rank", "size"} <= set(mapping.KERAS_NAMES)
     assert "BroadcastGlobalVariablesCallback" in mapping.KERAS_CALLBACK_NAMES
+
+
+# --- model_dir on S3
+
+
+def test_a_model_dir_on_a_missing_bucket_is_one_line():
+    looked_up: list[str] = []
+
+    def no_such_bucket(bucket: str) -> str | None:
+        looked_up.append(bucket)
+        return "404"
+
+    assert missing_bucket_message("model_dir", "s3://wrong/job/model", no_such_bucket) == (
+        "hyperparameter model_dir=s3://wrong/job/model: S3 bucket 'wrong' does not exist "
+        "(NoSuchBucket)"
+    )
+    assert looked_up == ["wrong"]
+
+
+@pytest.mark.parametrize("code", [None, "403", "AccessDenied", "301"])
+def test_an_answer_that_says_nothing_about_the_bucket_lets_the_job_run(code):
+    # A role may write objects without the right to list the bucket; a network may have no
+    # route to S3 (None): neither proves the bucket missing.
+    assert missing_bucket_message("model_dir", "s3://b/m", lambda _bucket: code) is None
+
+
+@pytest.mark.parametrize("url", ["/opt/ml/model", "gs://b/m", "s3:///no-bucket", ""])
+def test_only_s3_model_dirs_are_looked_up(url):
+    def never(bucket: str) -> str | None:
+        raise AssertionError(bucket)
+
+    assert missing_bucket_message("model_dir", url, never) is None
