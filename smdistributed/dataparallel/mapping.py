@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import enum
 
-# What smdistributed.dataparallel.tensorflow provides here (the library's documented API).
-TENSORFLOW_NAMES: tuple[str, ...] = (
+# The process and collective functions both modules provide.
+_COMMON_NAMES: tuple[str, ...] = (
     "init",
     "shutdown",
     "size",
@@ -19,32 +19,23 @@ TENSORFLOW_NAMES: tuple[str, ...] = (
     "rank",
     "local_rank",
     "allreduce",
-    "oob_allreduce",
     "broadcast",
+    "DistributedOptimizer",
+    "Compression",
+    "ReduceOp",
+)
+# What smdistributed.dataparallel.tensorflow provides here (the library's documented API).
+TENSORFLOW_NAMES: tuple[str, ...] = (
+    *_COMMON_NAMES,
+    "oob_allreduce",
     "broadcast_variables",
     "broadcast_global_variables",
     "overlap",
-    "DistributedOptimizer",
     "DistributedGradientTape",
     "BroadcastGlobalVariablesHook",
-    "Compression",
-    "ReduceOp",
 )
 # ... and .keras (the names AWS's examples use, plus what it shares with the TensorFlow API).
-KERAS_NAMES: tuple[str, ...] = (
-    "init",
-    "shutdown",
-    "size",
-    "local_size",
-    "rank",
-    "local_rank",
-    "allreduce",
-    "broadcast",
-    "DistributedOptimizer",
-    "Compression",
-    "ReduceOp",
-    "callbacks",
-)
+KERAS_NAMES: tuple[str, ...] = (*_COMMON_NAMES, "callbacks")
 KERAS_CALLBACK_NAMES: tuple[str, ...] = (
     "BroadcastGlobalVariablesCallback",
     "MetricAverageCallback",

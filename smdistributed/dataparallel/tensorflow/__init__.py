@@ -91,20 +91,31 @@ def DistributedOptimizer(  # noqa: N802, PLR0917 (the library's signature)
     **horovod_options: Any,
 ) -> Any:
     """horovod.tensorflow.DistributedOptimizer; other Horovod options pass through."""
-    note = mapping.bucket_cap_note(bucket_cap_mb)
-    if note:
-        log.warning(note)
-    return hvd.DistributedOptimizer(
+    return wrap_optimizer(
+        hvd.DistributedOptimizer,
         optimizer,
+        api="DistributedOptimizer",
+        op=op,
+        bucket_cap_mb=bucket_cap_mb,
         name=name,
         use_locking=use_locking,
         device_dense=device_dense,
         device_sparse=device_sparse,
         compression=compression,
         sparse_as_dense=sparse_as_dense,
-        op=_op(op, "DistributedOptimizer"),
         **horovod_options,
     )
+
+
+def wrap_optimizer(
+    horovod_factory: Any, optimizer: Any, *, api: str, op: object, bucket_cap_mb: float, **options
+) -> Any:
+    """What both DistributedOptimizers do before Horovod's: the op, and bucket_cap_mb said to
+    be ignored when it is not the default."""
+    note = mapping.bucket_cap_note(bucket_cap_mb)
+    if note:
+        log.warning(note)
+    return horovod_factory(optimizer, op=_op(op, api), **options)
 
 
 def DistributedGradientTape(  # noqa: N802, PLR0917 (the library's signature)

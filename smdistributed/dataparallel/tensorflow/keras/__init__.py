@@ -13,7 +13,6 @@ from smdistributed.dataparallel import mapping
 from smdistributed.dataparallel.mapping import ReduceOp
 from smdistributed.dataparallel.tensorflow import (
     Compression,
-    _op,
     allreduce,
     broadcast,
     init,
@@ -22,8 +21,8 @@ from smdistributed.dataparallel.tensorflow import (
     rank,
     shutdown,
     size,
+    wrap_optimizer,
 )
-from smdistributed.dataparallel.tensorflow import log as _log
 from smdistributed.dataparallel.tensorflow.keras import callbacks
 
 __all__ = list(mapping.KERAS_NAMES)
@@ -42,17 +41,17 @@ def DistributedOptimizer(  # noqa: N802, PLR0917 (the library's signature)
     **horovod_options: Any,
 ) -> Any:
     """horovod.tensorflow.keras.DistributedOptimizer for model.compile(optimizer=...)."""
-    note = mapping.bucket_cap_note(bucket_cap_mb)
-    if note:
-        _log.warning(note)
-    return hvd_keras.DistributedOptimizer(
+    return wrap_optimizer(
+        hvd_keras.DistributedOptimizer,
         optimizer,
+        api="keras.DistributedOptimizer",
+        op=op,
+        bucket_cap_mb=bucket_cap_mb,
         name=name,
         device_dense=device_dense,
         device_sparse=device_sparse,
         compression=compression,
         sparse_as_dense=sparse_as_dense,
-        op=_op(op, "keras.DistributedOptimizer"),
         **horovod_options,
     )
 
