@@ -189,6 +189,8 @@ COPY pyproject.toml /opt/src/
 COPY entrypoint /opt/src/entrypoint
 COPY model /opt/src/model
 COPY serve /opt/src/serve
+COPY smdistributed /opt/src/smdistributed
+COPY tf_s3 /opt/src/tf_s3
 RUN set -eux; \
 # sagemaker-training installs its own `train` script; ours replaces it.
     rm -f /opt/venv/bin/train; \
@@ -198,6 +200,14 @@ RUN set -eux; \
     grep -q 'entrypoint.main' /opt/venv/bin/train; \
     [ "$(command -v serve)" = /opt/venv/bin/serve ]; \
     python -c 'import serve.app, uvicorn, uvloop, httptools'; \
+# s3:// in TensorFlow for scripts that never import tensorflow_io (tf_s3/__init__.py). Offline
+# proof: the scheme is registered and answers (a local 404, not "not implemented"), the
+# data-parallel API imports, and the process exits 0 after creating an S3 client
+# (tensorflow/io#1912).
+    echo 'import tf_s3; tf_s3.install()' \
+        > "$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/sm-horovod-tf-s3.pth"; \
+    AWS_ACCESS_KEY_ID=smoke AWS_SECRET_ACCESS_KEY=smoke AWS_EC2_METADATA_DISABLED=true \
+        python -m tf_s3.smoke; \
 # sshd must accept its configuration; a throwaway host key proves it and leaves no trace.
     ssh-keygen -q -t ed25519 -N '' -f /tmp/check_host_key; \
     /usr/sbin/sshd -t -o HostKey=/tmp/check_host_key; \

@@ -53,12 +53,6 @@ MODEL_DIR_PARAM = "model_dir"
 # Each fails the job before anything starts, never a silent fallback to mpirun.
 _USE_MPI = "use distribution={'mpi': {'enabled': True}} with a Horovod script"
 UNSUPPORTED_DISTRIBUTIONS: Mapping[str, str] = {
-    "sagemaker_distributed_dataparallel_enabled": (
-        "SageMaker's distributed data parallel library (smdistributed.dataparallel) exists only "
-        "in AWS's own images; its Horovod-shaped API maps onto horovod.tensorflow "
-        "(import horovod.tensorflow as hvd instead of smdistributed.dataparallel.tensorflow as "
-        f"sdp): {_USE_MPI}"
-    ),
     "sagemaker_torch_distributed_enabled": (
         f"torch_distributed (torchrun) needs PyTorch, which this TensorFlow image lacks: {_USE_MPI}"
     ),
@@ -69,6 +63,15 @@ UNSUPPORTED_DISTRIBUTIONS: Mapping[str, str] = {
         f"pytorchxla needs PyTorch/XLA, which this TensorFlow image lacks: {_USE_MPI}"
     ),
 }
+# distribution={"smdistributed": {"dataparallel": {"enabled": True, "custom_mpi_options": ...}}}:
+# the data-parallel library's scripts run under the same mpirun as Horovod's (the image's
+# smdistributed.dataparallel.tensorflow maps that API onto Horovod).
+SMDDP_ENABLED_PARAM = "sagemaker_distributed_dataparallel_enabled"
+SMDDP_CUSTOM_OPTIONS_PARAM = "sagemaker_distributed_dataparallel_custom_mpi_options"
+# distribution={"smdistributed": {"modelparallel": ...}} sends its parameters as this (not
+# sagemaker_-prefixed) hyperparameter; the toolkit treats a non-empty value as "enabled"
+# (sagemaker_training/environment.py, SM_HP_MP_PARAMETERS).
+SMMP_PARAMETERS_PARAM = "mp_parameters"
 # The SDK's switches for tf.distribute (distribution={"multi_worker_mirrored_strategy":
 # {"enabled": True}} and {"parameter_server": {"enabled": True}}): each selects its backend.
 MWMS_ENABLED_PARAM = params.MULTI_WORKER_MIRRORED_STRATEGY_ENABLED
@@ -292,16 +295,14 @@ def _requested_ranks_per_host(hyperparameters: Mapping[str, Any]) -> int | None:
     return next(iter(values.values()), None)
 
 
-def parse_custom_mpi_options(text: str) -> tuple[str, ...]:
+def parse_custom_mpi_options(text: str, name: str = MPI_CUSTOM_OPTIONS_PARAM) -> tuple[str, ...]:
     """sagemaker_mpi_custom_mpi_options, split as a shell would. The toolkit's one option of its
     own, `--NCCL_DEBUG LEVEL` (sagemaker_training/mpi.py _parse_custom_mpi_options), becomes
     what the toolkit makes of it: `-x NCCL_DEBUG=LEVEL`; everything else goes to mpirun as is."""
     try:
         words = shlex.split(text)
     except ValueError as error:
-        raise ContractError(
-            f"hyperparameter {MPI_CUSTOM_OPTIONS_PARAM}={text!r} cannot be split ({error})"
-        ) from None
+        raise ContractError(f"hyperparameter {name}={text!r} cannot be split ({error})") from None
     options: list[str] = []
     index = 0
     while index < len(words):
@@ -315,10 +316,7 @@ def parse_custom_mpi_options(text: str) -> tuple[str, ...]:
             else:
                 level = ""
             if not level:
-                raise ContractError(
-                    f"hyperparameter {MPI_CUSTOM_OPTIONS_PARAM}={text!r}: "
-                    "--NCCL_DEBUG needs a level"
-                )
+                raise ContractError(f"hyperparameter {name}={text!r}: --NCCL_DEBUG needs a level")
             options += ["-x", f"NCCL_DEBUG={level}"]
         else:
             options.append(word)
@@ -349,6 +347,13 @@ def _check_distribution_supported(hyperparameters: Mapping[str, Any]) -> None:
     for name, why in UNSUPPORTED_DISTRIBUTIONS.items():
         if _enabled(hyperparameters, name):
             raise ContractError(f"hyperparameter {name}=true: {why}")
+    if hyperparameters.get(SMMP_PARAMETERS_PARAM) not in (None, "", {}, "{}"):
+        raise ContractError(
+            f"hyperparameter {SMMP_PARAMETERS_PARAM}: SageMaker's model parallel library "
+            "(smdistributed.modelparallel) exists only in AWS's own images: "
+            f"{_USE_MPI}, or distribution={{'smdistributed': {{'dataparallel': "
+            "{'enabled': True}}"
+        )
 
 
 def choose_backend(hyperparameters: Mapping[str, Any], ranks_per_host: int | None) -> Backend:
@@ -358,15 +363,27 @@ def choose_backend(hyperparameters: Mapping[str, Any], ranks_per_host: int | Non
         name for name in (MWMS_ENABLED_PARAM, PS_ENABLED_PARAM) if _enabled(hyperparameters, name)
     ]
     mpi_requested = _enabled(hyperparameters, MPI_ENABLED_PARAM)
+    data_parallel = _enabled(hyperparameters, SMDDP_ENABLED_PARAM)
     if len(strategies) > 1:
         raise ContractError(
             f"hyperparameters {strategies[0]}=true and {strategies[1]}=true: choose one strategy"
         )
     if not strategies:
         if MPI_ENABLED_PARAM in hyperparameters and not mpi_requested:
+            if data_parallel:
+                raise ContractError(
+                    f"hyperparameters {MPI_ENABLED_PARAM}=false and {SMDDP_ENABLED_PARAM}=true: "
+                    "the data-parallel library runs under mpirun; choose one distribution"
+                )
             return Backend.PER_HOST
         return Backend.MPI
     strategy = strategies[0]
+    if data_parallel:
+        raise ContractError(
+            f"hyperparameters {SMDDP_ENABLED_PARAM}=true and {strategy}=true: the data-parallel "
+            "library over MPI and a tf.distribute strategy cannot both run the job; choose one "
+            "distribution"
+        )
     if mpi_requested:
         raise ContractError(
             f"hyperparameters {MPI_ENABLED_PARAM}=true and {strategy}=true: Horovod over MPI "
@@ -400,6 +417,17 @@ def check_backend_fits(backend: Backend, host_count: int, *, builtin_program: bo
         )
 
 
+def _custom_mpi_options(hyperparameters: Mapping[str, Any]) -> tuple[str, ...]:
+    """mpi's custom_mpi_options, then the data-parallel library's (the SDK sends "" for each
+    distribution that has none)."""
+    options: list[str] = []
+    for name in (MPI_CUSTOM_OPTIONS_PARAM, SMDDP_CUSTOM_OPTIONS_PARAM):
+        value = hyperparameters.get(name)
+        if value not in (None, ""):
+            options += parse_custom_mpi_options(hyperparameter_text(value), name)
+    return tuple(options)
+
+
 def parse_entrypoint_settings(hyperparameters: Mapping[str, Any]) -> EntrypointSettings:
     """Read the entry point's own hyperparameters and the toolkit's it acts on (decoded values);
     the launcher checks a job's request with this same function before it is sent."""
@@ -411,17 +439,12 @@ def parse_entrypoint_settings(hyperparameters: Mapping[str, Any]) -> EntrypointS
 
     _check_distribution_supported(hyperparameters)
     ranks = _requested_ranks_per_host(hyperparameters)
-    custom_options = hyperparameters.get(MPI_CUSTOM_OPTIONS_PARAM)
     return EntrypointSettings(
         ranks_per_host=ranks,
         host_wait_timeout_s=seconds(HOST_WAIT_TIMEOUT, DEFAULT_HOST_WAIT_TIMEOUT_S),
         sigterm_grace_s=seconds(SIGTERM_GRACE_SECONDS, DEFAULT_SIGTERM_GRACE_S),
         backend=choose_backend(hyperparameters, ranks),
-        custom_mpi_options=(
-            parse_custom_mpi_options(hyperparameter_text(custom_options))
-            if custom_options not in (None, "")
-            else ()
-        ),
+        custom_mpi_options=_custom_mpi_options(hyperparameters),
         log_level=(
             _log_level(hyperparameters[LOG_LEVEL_PARAM])
             if LOG_LEVEL_PARAM in hyperparameters

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from entrypoint import netif, protocol, sshkeys, supervise, usercode
 from entrypoint.contract import (
+    MODEL_DIR_PARAM,
     MPI_CUSTOM_OPTIONS_PARAM,
     BuiltinProgram,
     Contract,
@@ -30,6 +31,7 @@ from entrypoint.failure import Failure, Reason, record_failure
 from entrypoint.names import EXIT_LINE, ML_ROOT_ENV
 from entrypoint.plan import JobPlan, format_command, make_plan, require_channel
 from model.hparams import parse_hyperparameters
+from tf_s3.model_dir import head_bucket_error_code, missing_bucket_message
 
 log = logging.getLogger("entrypoint")
 
@@ -99,10 +101,21 @@ def _log_job(contract: Contract) -> None:
         )
 
 
+def _check_model_dir(contract: Contract, env: Mapping[str, str]) -> None:
+    """An s3:// model_dir on a bucket that does not exist fails here, in one line naming it,
+    instead of deep in TensorFlow's S3 file system on every rank."""
+    model_dir = contract.program_hyperparameters.get(MODEL_DIR_PARAM, "")
+    if model_dir.startswith("s3://"):
+        missing = missing_bucket_message(MODEL_DIR_PARAM, model_dir, head_bucket_error_code(env))
+        if missing:
+            raise ContractError(missing)
+
+
 def prepare(contract: Contract, plan: JobPlan, env: Mapping[str, str]) -> bytes | None:
     """What this host readies before any process of the job starts: the program's checks (or
     the user's code), and for a multi-host job its key for the channel (and the ssh keys where
     the launch runs sshd). Returns the channel's job key, None on one host."""
+    _check_model_dir(contract, env)
     match contract.program:
         case BuiltinProgram():
             _validate_builtin_program(contract)

@@ -291,20 +291,12 @@ def test_empty_custom_mpi_options_from_the_sdk():
     assert contract.settings.custom_mpi_options == ()
 
 
-_SMDDP_WHY = (
-    "hyperparameter sagemaker_distributed_dataparallel_enabled=true: SageMaker's distributed "
-    "data parallel library (smdistributed.dataparallel) exists only in AWS's own images; its "
-    "Horovod-shaped API maps onto horovod.tensorflow (import horovod.tensorflow as hvd instead "
-    "of smdistributed.dataparallel.tensorflow as sdp): use distribution={'mpi': {'enabled': "
-    "True}} with a Horovod script"
-)
 _USE_MPI = "use distribution={'mpi': {'enabled': True}} with a Horovod script"
 
 
 @pytest.mark.parametrize(
     ("name", "message"),
     [
-        ("sagemaker_distributed_dataparallel_enabled", _SMDDP_WHY),
         ("sagemaker_torch_distributed_enabled",
          "hyperparameter sagemaker_torch_distributed_enabled=true: torch_distributed (torchrun) "
          f"needs PyTorch, which this TensorFlow image lacks: {_USE_MPI}"),

@@ -1,0 +1,241 @@
+"""Scripts written for AWS's TensorFlow containers, unchanged, in real containers: the
+data-parallel library's tutorial script under the SDK's distribution (2 hosts as SageMaker
+starts them, and through the SDK v2 in local mode), and TensorFlow writing checkpoints,
+TensorBoard logs and SavedModels to s3:// (a local moto server on the cluster's network).
+
+Every test asserts contract outcomes only: exit codes, the failure file, log lines, files."""
+
+from __future__ import annotations
+
+import re
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from harness.digits import make_digits
+from tests.s3server import CLIENT_ENV, S3Server
+from tests.test_sdk_local import (  # the SDK tests' fixtures, shared
+    FAKE_ROLE,
+    NO_TELEMETRY,
+    REGION,
+    container_root,  # noqa: F401 (used through usefixtures)
+    outside_connections,
+    sdk_environment,  # noqa: F401
+)
+
+pytestmark = [pytest.mark.docker, pytest.mark.timeout(300)]
+
+PROGRAMS = Path(__file__).parent / "programs"
+SMDDP_DIR = PROGRAMS / "smddp"
+S3_DIR = PROGRAMS / "s3"
+# What the SDK sends for distribution={"smdistributed": {"dataparallel": {"enabled": True,
+# "custom_mpi_options": "-x HOROVOD_CYCLE_TIME=1"}}} (tests/test_aws_tf_pure.py has the rest).
+SMDDP = {
+    "sagemaker_program": "train.py",
+    "sagemaker_distributed_dataparallel_enabled": "true",
+    "sagemaker_distributed_dataparallel_custom_mpi_options": '"-x HOROVOD_CYCLE_TIME=1"',
+    "sagemaker_instance_type": '"ml.p4d.24xlarge"',
+    "host_wait_timeout": "60",
+}
+# The issue's bound: a rank that raises brings every host down within this.
+FAIL_FAST_S = 10.0
+
+
+@pytest.fixture(scope="module")
+def digits28(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The tutorial's 28x28 digits (the harness's real digit images at MNIST's size)."""
+    folders = make_digits(tmp_path_factory.mktemp("digits28"), size=28)
+    return {"train": folders["train"]}
+
+
+@pytest.mark.timeout(420)
+def test_data_parallel_tutorial_script_on_two_hosts(make_cluster, digits28):
+    cluster = make_cluster(
+        2,
+        hyperparameters={
+            **SMDDP,
+            "ranks_per_host": "2",
+            "steps": "10",
+            # The SDK's model_dir in local mode (on SageMaker: an s3:// path).
+            "model_dir": "/opt/ml/shared/model",
+        },
+        code_dir=SMDDP_DIR,
+        channels=digits28,
+    )
+    cluster.start()
+    codes = cluster.wait(timeout=400)
+    assert codes == {"algo-1": 0, "algo-2": 0}, cluster.describe()
+    master = cluster.logs("algo-1")
+    assert re.search(r"mpirun --allow-run-as-root .*-np 4 -H algo-1:2,algo-2:2 ", master)
+    assert "-x HOROVOD_CYCLE_TIME=1 python train.py --model_dir /opt/ml/shared/model" in master
+    for rank in range(4):
+        host = cluster.hosts[rank // 2]
+        line = (
+            f"SMDDP rank={rank} size=4 local_rank={rank % 2} local_size=2 host={host} "
+            f"hostname={host} model_dir=/opt/ml/shared/model"
+        )
+        assert line in master, master[-4000:]
+        done = re.search(rf"SMDDP_DONE rank={rank} first=([\d.]+) last=([\d.]+)", master)
+        assert done, master[-4000:]
+    first, last = map(float, done.groups())
+    assert last < first, master[-4000:]
+    assert (cluster.ml_root("algo-1") / "model" / "1" / "saved_model.pb").is_file()
+    assert not (cluster.ml_root("algo-2") / "model" / "1").exists()
+
+
+def test_a_rank_that_raises_fails_every_host(make_cluster, digits28):
+    cluster = make_cluster(
+        2,
+        hyperparameters={**SMDDP, "steps": "200", "fail_rank": "1"},
+        code_dir=SMDDP_DIR,
+        channels=digits28,
+    )
+    cluster.start()
+    codes = cluster.wait(timeout=240)
+    assert codes["algo-1"] != 0 and codes["algo-2"] != 0, cluster.describe()
+    failed_at = float(re.search(r"SMDDP_FAILING rank=1 at=([\d.]+)", cluster.logs("algo-1"))[1])
+    delays = {host: cluster.exit_time(host) - failed_at for host in cluster.hosts}
+    assert max(delays.values()) < FAIL_FAST_S, f"{delays}\n{cluster.describe()}"
+    for host in cluster.hosts:
+        # The last error line mpirun printed: the raising rank's, or a peer's Horovod error.
+        assert cluster.failure(host).startswith("TrainingFailed: mpirun exited with code 1"), (
+            cluster.describe()
+        )
+
+
+# --- S3
+
+
+@pytest.fixture
+def s3_cluster(make_cluster, docker, image):
+    """make_cluster, with a moto S3 server on each cluster's network and its settings in every
+    host's environment; yields (make, servers)."""
+    servers: list[S3Server] = []
+
+    def make(hosts, **kwargs):
+        cluster = make_cluster(hosts, env=CLIENT_ENV, **kwargs)
+        server = S3Server(docker, image, cluster.network, f"{cluster.prefix}-s3")
+        servers.append(server)
+        server.start()
+        server.create_bucket("models")
+        return cluster, server
+
+    yield make
+    for server in servers:
+        server.remove()
+
+
+def test_keras_checkpoints_tensorboard_and_export_on_s3(s3_cluster):
+    cluster, s3 = s3_cluster(
+        1,
+        hyperparameters={"sagemaker_program": "keras_s3.py", "model_dir": "s3://models/keras"},
+        code_dir=S3_DIR,
+    )
+    cluster.start()
+    assert cluster.wait(timeout=200) == {"algo-1": 0}, cluster.describe()
+    log = cluster.logs("algo-1")
+    assert (
+        "KERAS_S3_DONE latest=s3://models/keras/checkpoints/ckpt-02 events=1 records=256 same=True"
+        in log
+    ), log[-4000:]
+    keys = s3.keys("models", "keras/")
+    assert "keras/checkpoints/checkpoint" in keys, keys
+    assert "keras/checkpoints/ckpt-02.index" in keys, keys
+    assert "keras/export/1/saved_model.pb" in keys, keys
+    assert any(key.startswith("keras/tensorboard/train/events.out.tfevents.") for key in keys)
+
+
+def test_a_wrong_bucket_fails_in_one_line_naming_it(s3_cluster):
+    cluster, _ = s3_cluster(
+        2,
+        hyperparameters={"sagemaker_program": "keras_s3.py", "model_dir": "s3://no-such/keras"},
+        code_dir=S3_DIR,
+    )
+    cluster.start()
+    assert cluster.wait(timeout=120) == {"algo-1": 1, "algo-2": 1}, cluster.describe()
+    for host in cluster.hosts:
+        assert cluster.failure(host) == (
+            "BadInput: hyperparameter model_dir=s3://no-such/keras: S3 bucket 'no-such' does "
+            "not exist (NoSuchBucket)"
+        ), cluster.describe()
+        assert "mpirun" not in cluster.logs(host)
+
+
+def test_estimator_with_parameter_servers_writes_its_shards_to_s3(s3_cluster):
+    cluster, s3 = s3_cluster(
+        2,
+        hyperparameters={
+            "sagemaker_program": "estimator_ps.py",
+            "sagemaker_parameter_server_enabled": "true",
+            "host_wait_timeout": "60",
+            "model_dir": "s3://models/estimator",
+        },
+        code_dir=S3_DIR,
+    )
+    cluster.start()
+    assert cluster.wait(timeout=240) == {"algo-1": 0, "algo-2": 0}, cluster.describe()
+    master = cluster.logs("algo-1")
+    done = re.search(r"ESTIMATOR_S3_DONE latest=(s3://models/estimator/model\.ckpt-(\d+)) ", master)
+    assert done, master[-4000:]
+    keys = s3.keys("models", "estimator/")
+    step = done[2]
+    # Two parameter servers: each wrote its shard of the variables.
+    assert f"estimator/model.ckpt-{step}.data-00000-of-00002" in keys, keys
+    assert f"estimator/model.ckpt-{step}.data-00001-of-00002" in keys, keys
+    assert "estimator/checkpoint" in keys, keys
+    assert "estimator/graph.pbtxt" in keys, keys
+
+
+# --- the SDK
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.usefixtures("sdk_environment", "container_root")
+def test_the_sdk_launches_the_tutorial_with_the_data_parallel_distribution(
+    image, tmp_path, digits28, capfd
+):
+    import boto3  # noqa: PLC0415 - after the fake credentials are in place
+    from sagemaker.local import LocalSession  # noqa: PLC0415
+    from sagemaker.tensorflow import TensorFlow  # noqa: PLC0415
+
+    output = tmp_path / "output"
+    output.mkdir()
+    with outside_connections() as attempts:
+        session = LocalSession(
+            boto_session=boto3.Session(region_name=REGION), sagemaker_config=NO_TELEMETRY
+        )
+        session.config = {"local": {"local_code": True, "container_root": str(tmp_path / "sdk")}}
+        estimator = TensorFlow(
+            entry_point="train.py",
+            source_dir=str(SMDDP_DIR),
+            image_uri=image,
+            role=FAKE_ROLE,
+            instance_count=2,
+            instance_type="local",
+            framework_version="2.14",
+            py_version="py310",
+            distribution={
+                "smdistributed": {
+                    "dataparallel": {
+                        "enabled": True,
+                        "custom_mpi_options": "-x HOROVOD_CYCLE_TIME=1",
+                    }
+                }
+            },
+            hyperparameters={"steps": 20},
+            output_path=f"file://{output}",
+            sagemaker_session=session,
+        )
+        estimator.fit({"train": f"file://{digits28['train']}"}, wait=True)
+    logs = capfd.readouterr().out
+    (tmp_path / "sdk.log").write_text(logs)
+    assert attempts == [], f"the SDK tried to reach outside this machine: {attempts}"
+    mpirun = [line for line in logs.splitlines() if "mpirun --allow-run-as-root" in line]
+    assert len(mpirun) == 1, logs[-3000:]
+    assert re.search(r"-np 2 -H algo-1-\w+:1,algo-2-\w+:1 ", mpirun[0]), mpirun[0]
+    assert "-x HOROVOD_CYCLE_TIME=1 python train.py" in mpirun[0], mpirun[0]
+    assert len(re.findall(r"SMDDP rank=\d size=2 ", logs)) == 2, logs[-3000:]
+    model_tar = next(output.rglob("model.tar.gz"))
+    with tarfile.open(model_tar) as archive:
+        assert "1/saved_model.pb" in archive.getnames()

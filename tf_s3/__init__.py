@@ -1,0 +1,60 @@
+"""s3:// paths in TensorFlow for unchanged scripts.
+
+TensorFlow 2.6+ ships no S3 file system: tensorflow-io's plugin library provides it (with az,
+hdfs, http(s) and oss), registered when a program runs `import tensorflow_io`. Scripts written
+for AWS's containers never do (their TensorFlow builds have S3 compiled in), so this image runs
+that import for them: `sm-horovod-tf-s3.pth` in site-packages calls `install()` at interpreter
+start, which only registers a hook (wrapt's post-import hook, no TensorFlow import); when a
+process imports tensorflow (a rank, a tf.distribute task, TensorBoard, `serve`), the hook
+imports tensorflow_io. A script's own `import tensorflow_io` then finds it imported (a second
+registration of the plugin would fail with AlreadyExistsError).
+
+Settings are the plugin's: credentials from the AWS SDK's default chain (AWS_ACCESS_KEY_ID...,
+the container credentials endpoint, instance metadata), S3_ENDPOINT, S3_VERIFY_SSL, AWS_REGION /
+AWS_DEFAULT_REGION, AWS_LOG_LEVEL. SM_HVD_TF_S3=0 turns the hook off.
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import os
+import sys
+from types import ModuleType
+
+DISABLE_ENV = "SM_HVD_TF_S3"
+
+
+def install() -> None:
+    """Run once per interpreter (from the .pth file): cheap, never imports TensorFlow."""
+    if os.environ.get(DISABLE_ENV, "1") == "0":
+        return
+    import wrapt  # noqa: PLC0415 (only when enabled; TensorFlow depends on it)
+
+    wrapt.register_post_import_hook(_load_plugins, "tensorflow")
+
+
+def _load_plugins(_tensorflow: ModuleType) -> None:
+    try:
+        import tensorflow_io  # noqa: F401, PLC0415 (registers the file system plugins)
+    except Exception as error:  # noqa: BLE001 (an import of TensorFlow must never fail here)
+        print(
+            f"sm-horovod: tensorflow_io not loaded, s3:// paths are unavailable: {error}",
+            file=sys.stderr,
+        )
+        return
+    atexit.register(exit_before_static_destructors)
+
+
+def exit_before_static_destructors() -> None:
+    """tensorflow-io 0.35 (the release for TensorFlow 2.14) aborts a process that used S3 in a
+    C++ static destructor at exit: "pure virtual method called", exit code 134 instead of the
+    program's (https://github.com/tensorflow/io/issues/1912; fixed upstream in
+    https://github.com/tensorflow/io/pull/2120, in no release). Registered with atexit, this
+    runs once Python's own exit work is done and makes libc's exit(status) run, before those
+    destructors, `fcloseall()` (flushes C stdio) then `_exit(status)`: the process ends with
+    the program's own status. on_exit handlers run last-registered first and get the status as
+    their first argument, which is _exit's only one."""
+    libc = ctypes.CDLL(None)
+    libc.on_exit(ctypes.cast(libc._exit, ctypes.c_void_p), None)
+    libc.on_exit(ctypes.cast(libc.fcloseall, ctypes.c_void_p), None)
