@@ -227,8 +227,8 @@ ARG FLAVOR
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 COPY docker/constraints.txt docker/constraints-torch.txt docker/requirements-torch*.txt /opt/requirements/
 # PyPI has no CPU-only torch: every torch wheel there is a CUDA build. The CPU flavor installs
-# torch without its dependencies plus only the CUDA libraries `import torch` loads (about
-# 1.5 GB less: no triton, cuDNN's engines stay, cusolver and the others go).
+# torch without its dependencies plus only the CUDA libraries `import torch` loads
+# (requirements-torch-cpu.txt says which stay out).
 RUN --mount=type=cache,target=/root/.cache/pip \
     --mount=type=secret,id=ca,target=/etc/ssl/certs/ca-certificates.crt \
     set -eux; \
