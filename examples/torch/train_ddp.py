@@ -142,14 +142,14 @@ def vgg_small(num_classes: int) -> nn.Module:
         ]
 
     return nn.Sequential(
-        *block(3, 32),
-        *block(32, 64),
+        *block(3, 16),
+        *block(16, 32),
         nn.AdaptiveAvgPool2d(4),
         nn.Flatten(),
-        nn.Linear(64 * 4 * 4, 128),
+        nn.Linear(32 * 4 * 4, 64),
         nn.ReLU(inplace=True),
         nn.Dropout(0.3),
-        nn.Linear(128, num_classes),
+        nn.Linear(64, num_classes),
     )
 
 
@@ -263,8 +263,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         device = torch.device("cpu")
         backend = "gloo"
-        # Share the cores between this host's processes instead of each taking all of them.
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // placement.local_world_size))
+        # Share the cores between this host's processes instead of each taking all of them
+        # (OMP_NUM_THREADS, where set, wins: torchrun sets 1 for several processes).
+        if "OMP_NUM_THREADS" not in os.environ:
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // placement.local_world_size))
     dist.init_process_group(
         backend, init_method="env://", rank=placement.rank, world_size=placement.world_size
     )
