@@ -140,10 +140,11 @@ $(SDK3_VENV)/.installed: requirements-sdk3.txt
 	touch $@
 
 .PHONY: test
-test: setup venv venv-sdk3 ## Run every test: unit tests, then the cluster tests on the CPU image
+test: setup venv venv-sdk3 ## Run every test: unit tests, then the cluster tests on the CPU images
 	$(MAKE) build FLAVOR=cpu DOCKER=$(DOCKER)
-	SM_IMAGE=$(IMAGE):cpu DOCKER=$(DOCKER) SDK3_PYTHON=$(SDK3_VENV)/bin/python \
-	    $(PY) -m pytest $(PYTEST_ARGS)
+	$(MAKE) build FLAVOR=torch-cpu DOCKER=$(DOCKER)
+	SM_IMAGE=$(IMAGE):cpu SM_TORCH_IMAGE=$(IMAGE):torch-cpu DOCKER=$(DOCKER) \
+	    SDK3_PYTHON=$(SDK3_VENV)/bin/python $(PY) -m pytest $(PYTEST_ARGS)
 
 .PHONY: test-unit
 test-unit: venv ## Run the unit tests only (no Docker)
