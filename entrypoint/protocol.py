@@ -248,11 +248,9 @@ class Start(Message):
 
 
 @dataclasses.dataclass(frozen=True)
-class Exited(Message):
-    """A worker's local part of the job ended (launchers where every host runs processes)."""
-
-    TYPE = "exited"
-    TRAVELS = frozenset({Direction.TO_MASTER})
+class _Outcome(Message):
+    """How something ended: an exit code and, for a failure, its Failure (reason, message,
+    host) as three JSON fields."""
 
     exit_code: int
     failure: Failure | None = None
@@ -266,22 +264,20 @@ class Exited(Message):
 
 
 @dataclasses.dataclass(frozen=True)
-class Verdict(Message):
+class Exited(_Outcome):
+    """A worker's local part of the job ended (launchers where every host runs processes)."""
+
+    TYPE = "exited"
+    TRAVELS = frozenset({Direction.TO_MASTER})
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict(_Outcome):
     """The job's outcome, decided by the master: every host exits with `exit_code`, and records
     `failure` where there is one."""
 
     TYPE = "verdict"
     TRAVELS = frozenset({Direction.TO_WORKER})
-
-    exit_code: int
-    failure: Failure | None = None
-
-    def to_json(self) -> Fields:
-        return {"exit_code": self.exit_code, "failure": _failure_to_json(self.failure)}
-
-    @classmethod
-    def from_json(cls, fields: Fields, catalog: Catalog) -> Self:
-        return cls(*_outcome(fields))
 
 
 @dataclasses.dataclass(frozen=True)
