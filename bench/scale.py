@@ -37,6 +37,7 @@ from bench.overhead import FaultRun, HostCost, OverheadRun, all_times, read_rank
 from bench.report import ScaleResults, scale_from_json, write_scale_report
 from bench.summary import minus
 from bench.workspace import Workspace, workspace
+from entrypoint.names import EXIT_LINE, WORKER_SILENCE_LINE
 from harness.cluster import Cluster, docker_command
 
 log = logging.getLogger("bench.scale")
@@ -165,7 +166,8 @@ def _wait_for_sshd_everywhere(cluster: Cluster, timeout_s: float) -> None:
     )
 
 
-_EXIT_LINE = "entrypoint: exiting with code"
+# The entry point's own last line (its logger's name first, so no program output matches).
+_EXIT_LINE = f"entrypoint: {EXIT_LINE}"
 
 
 def exit_logged_at(docker_log: str) -> float | None:
@@ -188,7 +190,7 @@ def _last_exit_logged(cluster: Cluster) -> float | None:
     return None if None in times else max(times)  # type: ignore[type-var]
 
 
-_LONGEST_SILENCE = re.compile(r"longest silence of a live worker: ([0-9.]+) s")
+_LONGEST_SILENCE = re.compile(re.escape(WORKER_SILENCE_LINE) + r": ([0-9.]+) s")
 
 
 def longest_silence(master_log: str) -> float | None:
