@@ -126,7 +126,7 @@ SERVE_ENV  ?=
 
 .PHONY: serve
 serve: ## Serve MODEL_DIR (a training job's /opt/ml/model) in the CPU image on SERVE_PORT (8080)
-	@test -n "$(MODEL_DIR)" || { echo "error: MODEL_DIR= is required (a folder with 1/saved_model.pb and classes.json)" >&2; exit 2; }
+	@test -n "$(MODEL_DIR)" || { echo "error: MODEL_DIR= is required (a folder with <version>/saved_model.pb, or <name>/<version>/saved_model.pb)" >&2; exit 2; }
 	@test -d "$(MODEL_DIR)" || { echo "error: MODEL_DIR=$(MODEL_DIR) is not a folder" >&2; exit 2; }
 	@$(DOCKER) image inspect $(IMAGE):cpu >/dev/null 2>&1 || $(MAKE) build FLAVOR=cpu
 	$(DOCKER) run --rm --publish 127.0.0.1:$(SERVE_PORT):8080 \

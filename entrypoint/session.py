@@ -72,10 +72,10 @@ Clock = Callable[[], float]
 class ChannelTiming:
     """Heartbeats go out every `heartbeat_interval_s`; a peer silent for `lost_after_s` is lost.
 
-    The defaults are chosen from measurements on 2 cores at 128 hosts (README, "How a job
-    runs"): the longest silence seen from a live but busy peer is far below `lost_after_s`,
-    while a host cut off the network is still declared lost well within a minute. A killed host
-    does not wait for this: its connection closes at once.
+    The defaults are chosen from measurements on 2 cores at 128 hosts (docs/design.md, "The
+    channel, its timing"): the longest silence seen from a live but busy peer is far below
+    `lost_after_s`, while a host cut off the network is still declared lost well within a
+    minute. A killed host does not wait for this: its connection closes at once.
     """
 
     heartbeat_interval_s: float = 1.0

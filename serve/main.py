@@ -26,7 +26,7 @@ from serve.settings import SettingsError, settings_from_env
 log = logging.getLogger("serve")
 
 EXIT_BAD_INPUT = 2
-USAGE = "usage: serve  (settings come from environment variables; see the README's Serve section)"
+USAGE = "usage: serve  (settings come from environment variables; see docs/serve.md)"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
