@@ -120,10 +120,15 @@ class OrtedSpawner:
             if self._spawned:
                 raise RefusedCommandError("this job's orted was already started")
             command = parse_orted_command(message.words)
-            orted = shutil.which(ORTED, path=command.environment(self._env).get("PATH"))
+            # Always this host's own orted; a prefix (which also goes before the library
+            # path) must be the one this orted is installed under.
             own = shutil.which(ORTED, path=self._env.get("PATH"))
-            if orted is None or own is None or os.path.realpath(orted) != os.path.realpath(own):
-                raise RefusedCommandError(f"{orted!r} is not this host's orted ({own!r})")
+            if own is None:
+                raise RefusedCommandError("this host has no orted on its PATH")
+            if command.prefix is not None and os.path.realpath(
+                f"{command.prefix}/bin/{ORTED}"
+            ) != os.path.realpath(own):
+                raise RefusedCommandError(f"{command.prefix!r} is not the prefix of {own}")
         except RefusedCommandError as refusal:
             log.error("refused to run a remote command from the master: %s", refusal)
             return Spawned(NOT_RUN_EXIT_CODE, f"{self._host}: refused: {refusal}\n")
