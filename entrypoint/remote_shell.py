@@ -107,7 +107,9 @@ class OrtedSpawner:
 
     def __init__(self, host: str, env: dict[str, str] | None = None) -> None:
         self._host = host
-        self._env = dict(os.environ if env is None else env)
+        # As sshd's SetEnv does for the ssh launch: ranks see their own host, never the
+        # master's (toolkit issue #158).
+        self._env = {**(os.environ if env is None else env), "SM_CURRENT_HOST": host}
         self._spawned = False
 
     def handlers(self) -> dict[type[Message], Any]:
