@@ -26,9 +26,9 @@ import shutil
 import socket
 import socketserver
 import threading
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from pathlib import Path
-from typing import Any, Self
+from typing import Any, Protocol, Self
 
 from entrypoint.orted_command import ORTED, RefusedCommandError, parse_orted_command
 from entrypoint.protocol import (
@@ -41,7 +41,7 @@ from entrypoint.protocol import (
     _exit_code,
     catalog,
 )
-from entrypoint.session import RequestFailedError, Session, SessionLostError
+from entrypoint.session import Handlers, RequestFailedError, Session, SessionLostError
 
 log = logging.getLogger("entrypoint")
 
@@ -112,10 +112,12 @@ class OrtedSpawner:
         self._env = {**(os.environ if env is None else env), "SM_CURRENT_HOST": host}
         self._spawned = False
 
-    def handlers(self) -> dict[type[Message], Any]:
+    def handlers(self) -> Handlers:
         return {Spawn: self.on_spawn}
 
-    def on_spawn(self, _session: Session, message: Message) -> Spawned | Any:
+    def on_spawn(
+        self, _session: Session, message: Message
+    ) -> Spawned | Coroutine[Any, Any, Spawned]:
         if not isinstance(message, Spawn):
             raise TypeError(f"{type(message).__name__} is not a Spawn")
         try:
@@ -149,10 +151,11 @@ class OrtedSpawner:
             start_new_session=True,
         )
         tail = ""
-        async for raw in process.stdout or ():
-            line = raw.decode(errors="replace")
-            log.info("orted: %s", line.rstrip())
-            tail = (tail + line)[-OUTPUT_TAIL_CHARS:]
+        if process.stdout is not None:  # always, with PIPE
+            async for raw in process.stdout:
+                line = raw.decode(errors="replace")
+                log.info("orted: %s", line.rstrip())
+                tail = (tail + line)[-OUTPUT_TAIL_CHARS:]
         code = await process.wait()
         log.info("orted ended with code %d", code)
         # A signal death is -N here; ssh reports 128+N, never 0.
@@ -187,11 +190,10 @@ def parse_agent_answer(line: bytes) -> Spawned:
     return Spawned.from_json(fields, REMOTE_SHELL_CATALOG)
 
 
-class _Ask:
+class _Ask(Protocol):
     """What the relay needs of the master's channel (MasterChannel.request)."""
 
-    def request(self, host: str, message: Message, timeout_s: float) -> Message:
-        raise NotImplementedError
+    def request(self, host: str, message: Message, timeout_s: float) -> Message: ...
 
 
 class AgentRelay:

@@ -8,7 +8,6 @@ an answer exits 255, as ssh does: mpirun then aborts the job.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from collections.abc import Sequence
@@ -30,7 +29,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     host, words = args[0], args[1:]
     try:
         spawned = ask_relay(path, host, words)
-    except (OSError, ValueError, json.JSONDecodeError) as error:
+    except (OSError, ValueError) as error:  # JSONDecodeError is a ValueError
         print(f"sm-horovod-rsh-agent: {host}: {error}", file=sys.stderr)
         return NOT_RUN_EXIT_CODE
     if spawned.output:
