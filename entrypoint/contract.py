@@ -29,10 +29,10 @@ from entrypoint import names
 RANKS_PER_HOST = "ranks_per_host"
 HOST_WAIT_TIMEOUT = "host_wait_timeout"
 SIGTERM_GRACE_SECONDS = "sigterm_grace_seconds"
-# How mpirun starts orted on the workers: "ssh" (sshd on every host) or "channel" (our rsh
-# agent over the coordination channel, no sshd): plan.RemoteShell.
+# How mpirun starts orted on the workers: "channel" (the default: our rsh agent over the
+# coordination channel, no sshd) or "ssh" (sshd on every host): plan.RemoteShell.
 MPI_REMOTE_SHELL = "mpi_remote_shell"
-REMOTE_SHELLS = ("ssh", "channel")
+REMOTE_SHELLS = ("channel", "ssh")
 ENTRYPOINT_HYPERPARAMETERS = (
     RANKS_PER_HOST,
     HOST_WAIT_TIMEOUT,
@@ -185,7 +185,7 @@ class EntrypointSettings:
     # sagemaker_container_log_level: the entry point's logging level (the toolkit's meaning).
     log_level: int = logging.INFO
     # mpi_remote_shell: one of REMOTE_SHELLS.
-    remote_shell: str = "ssh"
+    remote_shell: str = "channel"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -438,7 +438,7 @@ def parse_entrypoint_settings(hyperparameters: Mapping[str, Any]) -> EntrypointS
             if LOG_LEVEL_PARAM in hyperparameters
             else logging.INFO
         ),
-        remote_shell=_remote_shell(hyperparameters.get(MPI_REMOTE_SHELL, "ssh")),
+        remote_shell=_remote_shell(hyperparameters.get(MPI_REMOTE_SHELL, "channel")),
     )
 
 

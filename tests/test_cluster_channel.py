@@ -1,5 +1,6 @@
-"""The channel launch (mpi_remote_shell=channel): mpirun's orted reaches the workers over the
-coordination channel, with no sshd anywhere. Real containers, real mpirun, real orted."""
+"""The channel launch (mpi_remote_shell=channel, the default): mpirun's orted reaches the
+workers over the coordination channel, with no sshd anywhere; and the ssh launch when asked.
+Real containers, real mpirun, real orted."""
 
 from __future__ import annotations
 
@@ -68,3 +69,16 @@ def test_the_agent_killed_on_the_master_fails_every_host(make_cluster):
         make_cluster, "agent killed", "algo-1", ["pkill", "-KILL", "-f", "sm-horovod-rsh-agent"]
     )
     assert "algo-2" in cluster.logs("algo-1"), cluster.describe()
+
+
+def test_allreduce_over_ssh_when_asked(make_cluster):
+    """mpi_remote_shell=ssh keeps today's launch: sshd on every host, orted over ssh."""
+    hyperparameters = script_mode(mpi_remote_shell="ssh")
+    cluster = make_cluster(2, hyperparameters=hyperparameters, code_dir=PROGRAMS)
+    cluster.start()
+    assert cluster.wait(timeout=180) == {"algo-1": 0, "algo-2": 0}, cluster.describe()
+    master_log = cluster.logs("algo-1")
+    assert "ALLREDUCE rank=1 size=2 sum=3 host=algo-2" in master_log, cluster.describe()
+    assert "-mca plm_rsh_args" in master_log
+    for host in cluster.hosts:
+        assert "starting sshd" in cluster.logs(host), cluster.describe()
