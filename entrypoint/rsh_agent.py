@@ -34,6 +34,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return NOT_RUN_EXIT_CODE
     if spawned.output:
         sys.stderr.write(spawned.output)
+    if spawned.exit_code != 0:
+        # Last, and with "error:", so that the failure file's line names the host (OutputTail).
+        print(
+            f"sm-horovod-rsh-agent: error: orted on {host} ended with code {spawned.exit_code}",
+            file=sys.stderr,
+        )
     return spawned.exit_code
 
 

@@ -221,7 +221,9 @@ def test_the_agent_runs_orted_on_the_worker_and_exits_with_its_code(cluster, cap
     assert stat.S_IMODE(os.stat(cluster.path).st_mode) == 0o600
     assert rsh_agent.main(CAPTURED_ALGO_2) == 3
     # orted got the words without the quotes a shell would have removed, no --daemonize.
-    assert "orted got: -mca ess env -mca ess_base_jobid 3542810624" in capfd.readouterr().err
+    err = capfd.readouterr().err
+    assert "orted got: -mca ess env -mca ess_base_jobid 3542810624" in err
+    assert err.endswith("sm-horovod-rsh-agent: error: orted on algo-2 ended with code 3\n")
     # One orted per worker per job: a second request is refused (and never reaches a shell).
     assert rsh_agent.main(CAPTURED_ALGO_2) == NOT_RUN_EXIT_CODE
     assert "already started" in capfd.readouterr().err
