@@ -29,7 +29,16 @@ from entrypoint import names
 RANKS_PER_HOST = "ranks_per_host"
 HOST_WAIT_TIMEOUT = "host_wait_timeout"
 SIGTERM_GRACE_SECONDS = "sigterm_grace_seconds"
-ENTRYPOINT_HYPERPARAMETERS = (RANKS_PER_HOST, HOST_WAIT_TIMEOUT, SIGTERM_GRACE_SECONDS)
+# How mpirun starts orted on the workers: "channel" (the default: our rsh agent over the
+# coordination channel, no sshd) or "ssh" (sshd on every host): plan.RemoteShell.
+MPI_REMOTE_SHELL = "mpi_remote_shell"
+REMOTE_SHELLS = ("channel", "ssh")
+ENTRYPOINT_HYPERPARAMETERS = (
+    RANKS_PER_HOST,
+    HOST_WAIT_TIMEOUT,
+    SIGTERM_GRACE_SECONDS,
+    MPI_REMOTE_SHELL,
+)
 # The toolkit's own parameters (sagemaker_program, sagemaker_region, ...) share this prefix; the
 # names are the sagemaker-training toolkit's (sagemaker_training/params.py), which the SageMaker
 # Python SDK sends (sagemaker/estimator.py, Framework._distribution_configuration).
@@ -178,6 +187,8 @@ class EntrypointSettings:
     custom_mpi_options: tuple[str, ...] = ()
     # sagemaker_container_log_level: the entry point's logging level (the toolkit's meaning).
     log_level: int = logging.INFO
+    # mpi_remote_shell: one of REMOTE_SHELLS.
+    remote_shell: str = "channel"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -450,7 +461,17 @@ def parse_entrypoint_settings(hyperparameters: Mapping[str, Any]) -> EntrypointS
             if LOG_LEVEL_PARAM in hyperparameters
             else logging.INFO
         ),
+        remote_shell=_remote_shell(hyperparameters.get(MPI_REMOTE_SHELL, "channel")),
     )
+
+
+def _remote_shell(value: Any) -> str:
+    text = hyperparameter_text(value).strip().lower()
+    if text not in REMOTE_SHELLS:
+        raise ContractError(
+            f"{MPI_REMOTE_SHELL}={value!r}: expected one of {', '.join(REMOTE_SHELLS)}"
+        )
+    return text
 
 
 def program_hyperparameters(

@@ -92,6 +92,21 @@ _HOROVOD_DEFAULTS = {
 }
 
 
+class RemoteShell(enum.Enum):
+    """How mpirun starts orted on a worker (the `mpi_remote_shell` hyperparameter)."""
+
+    # ssh to an sshd on every host, with per-job keys and an ssh readiness round.
+    SSH = "ssh"
+    # Our rsh agent (rsh_agent.py): the master asks the worker over the coordination channel
+    # to start orted (orted_command.py); no sshd, keys or readiness round anywhere.
+    CHANNEL = "channel"
+
+
+# The rsh agent mpirun runs instead of ssh (a console script of ours, on PATH on every host:
+# OpenMPI looks it up on workers too). One token: OpenMPI splits the value on ' ' and ':'.
+RSH_AGENT = "sm-horovod-rsh-agent"
+
+
 @dataclasses.dataclass(frozen=True)
 class JobShape:
     """The job's shape: its hosts, who is master, how many ranks, which program."""
@@ -107,6 +122,8 @@ class JobShape:
     backend: Backend = Backend.MPI
     # sagemaker_mpi_custom_mpi_options, already split: appended to mpirun's own options.
     custom_mpi_options: tuple[str, ...] = ()
+    # How mpirun reaches the workers (Backend.MPI only).
+    remote_shell: RemoteShell = RemoteShell.SSH
 
     @property
     def is_master(self) -> bool:
@@ -143,19 +160,27 @@ class VerdictRule(enum.Enum):
 
 @dataclasses.dataclass(frozen=True)
 class MpiLaunch:
-    """One mpirun on the master, which starts every rank (over ssh on the workers): sshd on
-    every host, the master ssh-checks each worker before it starts mpirun, a worker's part
-    (orted) arrives over ssh without the master's Start, and mpirun's exit code is the job's."""
+    """One mpirun on the master, which starts every rank (orted on the workers, over ssh or over
+    the coordination channel): a worker's part (orted) arrives without the master's Start, and
+    mpirun's exit code is the job's. Over ssh: sshd on every host, and the master ssh-checks
+    each worker before it starts mpirun."""
 
     # The full mpirun command and the environment it runs with (on the master).
     argv: tuple[str, ...]
     env: Mapping[str, str]
+    remote_shell: RemoteShell = RemoteShell.SSH
 
-    runs_sshd: ClassVar[bool] = True
-    ssh_check: ClassVar[bool] = True
     worker_reports_exit: ClassVar[bool] = False
     worker_starts_on_start: ClassVar[bool] = False
     verdict: ClassVar[VerdictRule] = VerdictRule.MASTER_PART
+
+    @property
+    def runs_sshd(self) -> bool:
+        return self.remote_shell is RemoteShell.SSH
+
+    @property
+    def ssh_check(self) -> bool:
+        return self.remote_shell is RemoteShell.SSH
 
     @property
     def command(self) -> tuple[str, ...]:
@@ -250,7 +275,8 @@ LaunchBuilder = Callable[[JobShape, Mapping[str, str]], Launch]
 
 def mpi_launch(shape: JobShape, env: Mapping[str, str]) -> MpiLaunch:
     """Backend.MPI: one mpirun over every host."""
-    return MpiLaunch(argv=tuple(build_mpirun_argv(shape, env)), env=env)
+    argv = tuple(build_mpirun_argv(shape, env))
+    return MpiLaunch(argv=argv, env=env, remote_shell=shape.remote_shell)
 
 
 def program_launch(shape: JobShape, env: Mapping[str, str]) -> ProcessesLaunch:
@@ -317,6 +343,7 @@ def make_plan(
         working_dir=working_dir,
         backend=contract.settings.backend,
         custom_mpi_options=contract.settings.custom_mpi_options,
+        remote_shell=RemoteShell(contract.settings.remote_shell),
     )
     # The toolkit's SAGEMAKER_JOB_NAME, SAGEMAKER_REGION and SM_LOG_LEVEL reach the program.
     base = {**(env or {}), **contract.toolkit_environment}
@@ -417,8 +444,7 @@ def build_mpirun_argv(plan: JobShape, env: Mapping[str, str]) -> list[str]:
         "-H", host_list,
         "-mca", "btl_tcp_if_include", interface,
         "-mca", "oob_tcp_if_include", interface,
-        "-mca", "plm_rsh_args", _RSH_ARGS,
-        *large_cluster_flags(len(plan.hosts)),
+        *remote_shell_flags(plan.remote_shell, len(plan.hosts)),
     ]  # fmt: skip
     if plan.working_dir is not None:
         argv += ["-wdir", str(plan.working_dir)]
@@ -429,6 +455,25 @@ def build_mpirun_argv(plan: JobShape, env: Mapping[str, str]) -> list[str]:
     argv += list(plan.custom_mpi_options)
     argv += list(plan.program_argv)
     return argv
+
+
+def remote_shell_flags(remote_shell: RemoteShell, host_count: int) -> list[str]:
+    """How mpirun starts orted on the workers."""
+    match remote_shell:
+        case RemoteShell.SSH:
+            return ["-mca", "plm_rsh_args", _RSH_ARGS, *large_cluster_flags(host_count)]
+        case RemoteShell.CHANNEL:
+            # The channel is a star: only the master can ask a worker for orted, so no tree
+            # spawn at any host count (orted then also gets --daemonize, which the worker
+            # drops to keep orted its child). Every agent session stays open while its orted
+            # runs, so all of them must be allowed at once (default 128) or the launch stalls.
+            return [
+                "-mca", "plm_rsh_agent", RSH_AGENT,
+                "-mca", "plm_rsh_no_tree_spawn", "1",
+                "-mca", "plm_rsh_num_concurrent", str(max(host_count, 1)),
+            ]  # fmt: skip
+        case unknown:
+            assert_never(unknown)
 
 
 def large_cluster_flags(host_count: int) -> list[str]:

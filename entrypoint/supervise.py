@@ -21,6 +21,7 @@ import logging
 import shutil
 import signal
 import subprocess
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -34,8 +35,14 @@ from entrypoint.failure import (
 )
 from entrypoint.launchers import KILL_WAIT_S, LocalPart, local_part, terminate
 from entrypoint.names import MASTER_SILENCE_LINE, WORKER_SILENCE_LINE
-from entrypoint.plan import JobPlan, VerdictRule, format_command
-from entrypoint.protocol import Exited, Verdict, host_verdict, suspect_peers
+from entrypoint.plan import JobPlan, MpiLaunch, RemoteShell, VerdictRule, format_command
+from entrypoint.protocol import CATALOG, Exited, Verdict, host_verdict, suspect_peers
+from entrypoint.remote_shell import (
+    AGENT_SOCKET_ENV,
+    REMOTE_SHELL_CATALOG,
+    AgentRelay,
+    OrtedSpawner,
+)
 
 log = logging.getLogger("entrypoint")
 
@@ -484,15 +491,34 @@ def run_host(
 ) -> int:
     """Start sshd where the launch needs it, open this host's end of the coordination channel
     (multi-host jobs), and run the master's or the worker's loop over this host's part."""
-    part = local_part(plan.launch, is_master=plan.is_master)
+    launch = plan.launch
+    channel_shell = isinstance(launch, MpiLaunch) and launch.remote_shell is RemoteShell.CHANNEL
+    catalog = REMOTE_SHELL_CATALOG if channel_shell else CATALOG
+    # mpirun's rsh agent reaches the master's channel through this relay (remote_shell.py).
+    relay_dir = tempfile.mkdtemp(prefix="smh-rsh-") if channel_shell and plan.is_master else None
+    if relay_dir is not None and isinstance(launch, MpiLaunch):
+        socket_path = str(Path(relay_dir) / "agent.sock")
+        launch = dataclasses.replace(launch, env={**launch.env, AGENT_SOCKET_ENV: socket_path})
+    part = local_part(launch, is_master=plan.is_master)
     # sshd first: a worker that connects to the channel is one that mpirun can reach.
-    sshd = Sshd(plan.current_host) if job_key and plan.launch.runs_sshd else None
+    sshd = Sshd(plan.current_host) if job_key and launch.runs_sshd else None
     try:
         if plan.is_master:
-            channel = MasterChannel(job_key=job_key, workers=plan.worker_hosts) if job_key else None
+            channel = (
+                MasterChannel(job_key=job_key, workers=plan.worker_hosts, catalog=catalog)
+                if job_key
+                else None
+            )
+            relay = (
+                AgentRelay(channel, Path(relay_dir))
+                if channel is not None and relay_dir is not None
+                else None
+            )
             try:
                 return run_master(plan, part, channel, config, stop)
             finally:
+                if relay is not None:
+                    relay.close()
                 if channel is not None:
                     channel.close()
         if job_key is None:
@@ -502,6 +528,8 @@ def run_host(
             host=plan.current_host,
             master=plan.master_host,
             deadline=master_arrival_deadline(config),
+            handlers=OrtedSpawner(plan.current_host).handlers() if channel_shell else None,
+            catalog=catalog,
         )
         try:
             return run_worker(plan, part, worker_channel, config, stop)

@@ -7,12 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from entrypoint.contract import parse_contract
+from entrypoint.contract import ContractError, parse_contract
 from entrypoint.launchers import MpirunPart, OrtedPart, ProgramPart, TaskGroupPart, local_part
 from entrypoint.plan import (
     HostProcess,
     MpiLaunch,
     ProcessesLaunch,
+    RemoteShell,
     VerdictRule,
     build_mpirun_argv,
     format_command,
@@ -43,8 +44,9 @@ def test_ranks_per_host(requested, gpus, expected):
     assert ranks_per_host(requested, gpus) == expected
 
 
-def test_mpirun_argv_is_exact():
-    plan = make_plan(contract(), gpu_count=0)
+def test_mpirun_argv_over_ssh_is_exact():
+    ssh = {"epochs": "2", "mpi_remote_shell": "ssh"}
+    plan = make_plan(contract(hyperparameters=ssh), gpu_count=0)
     env = {"PATH": "/opt/venv/bin:/usr/bin", "SM_MODEL_DIR": "/opt/ml/model", "HOME": "/root",
            "SM_CURRENT_HOST": "algo-1", "HOROVOD_FUSION_THRESHOLD": "1"}  # fmt: skip
     assert build_mpirun_argv(plan, env) == [
@@ -60,6 +62,27 @@ def test_mpirun_argv_is_exact():
         "-x", "HOROVOD_FUSION_THRESHOLD", "-x", "PATH", "-x", "SM_MODEL_DIR",
         "python", "-m", "model.train", "--epochs", "2",
     ]  # fmt: skip
+
+
+def test_the_channel_launch_replaces_ssh_options_with_the_agent_and_no_tree_spawn():
+    # The default.
+    plan = make_plan(contract(), gpu_count=0)
+    argv = build_mpirun_argv(plan, {})
+    start = argv.index("oob_tcp_if_include") + 2
+    assert argv[start : start + 6 * 1] == [
+        "-mca", "plm_rsh_agent", "sm-horovod-rsh-agent",
+        "-mca", "plm_rsh_no_tree_spawn", "1",
+    ]  # fmt: skip
+    assert argv[start + 6 : start + 9] == ["-mca", "plm_rsh_num_concurrent", "2"]
+    assert "plm_rsh_args" not in argv
+    assert plan.launch.remote_shell is RemoteShell.CHANNEL
+    assert not plan.launch.runs_sshd
+
+
+@pytest.mark.parametrize("value", ["rsh", "", "kubectl"])
+def test_an_unknown_remote_shell_is_refused(value):
+    with pytest.raises(ContractError, match="mpi_remote_shell"):
+        make_plan(contract(hyperparameters={"mpi_remote_shell": value}), gpu_count=0)
 
 
 def test_user_script_runs_in_the_code_dir():
@@ -144,7 +167,8 @@ def test_sagemaker_environment_matches_the_toolkit_names():
 )
 def test_launch_settings_by_host_count(host_count, flags):
     hosts = tuple(f"algo-{i + 1}" for i in range(host_count))
-    plan = make_plan(contract(hosts=hosts), gpu_count=0)
+    ssh = {"epochs": "2", "mpi_remote_shell": "ssh"}
+    plan = make_plan(contract(hosts=hosts, hyperparameters=ssh), gpu_count=0)
     argv = build_mpirun_argv(plan, {})
     rsh_args = argv.index("plm_rsh_args") + 2
     assert argv[rsh_args : rsh_args + len(flags)] == flags
@@ -191,8 +215,10 @@ PROGRAM = ("python", "train.py", "--epochs", "2")
     [
         # backend: (launch type, sshd, ssh check, worker reports exit, worker starts on Start,
         #           verdict rule, ranks per host (8 GPUs), chief task, (task, prefix) per process)
-        ({}, "algo-1",
+        ({"mpi_remote_shell": "ssh"}, "algo-1",
          (MpiLaunch, True, True, False, False, VerdictRule.MASTER_PART, 8, None, None)),
+        ({}, "algo-2",
+         (MpiLaunch, False, False, False, False, VerdictRule.MASTER_PART, 8, None, None)),
         ({"sagemaker_mpi_enabled": "false"}, "algo-2",
          (ProcessesLaunch, False, False, True, True, VerdictRule.EVERY_HOST, 8, None,
           ((None, ""),))),
@@ -206,7 +232,7 @@ PROGRAM = ("python", "train.py", "--epochs", "2")
          (ProcessesLaunch, False, False, True, True, VerdictRule.CHIEF, 1, None,
           (("worker:1", "[worker:1] "), ("ps:1", "[ps:1] ")))),
     ],
-    ids=["mpi", "per-host", "mwms", "ps-master", "ps-worker"],
+    ids=["mpi-ssh", "mpi-channel", "per-host", "mwms", "ps-master", "ps-worker"],
 )  # fmt: skip
 def test_make_plan_chooses_one_launch_per_backend(hyperparameters, current, expected):
     kind, sshd, ssh_check, reports, on_start, verdict, ranks, chief, processes = expected

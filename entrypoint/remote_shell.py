@@ -1,0 +1,260 @@
+"""mpirun's remote shell over the coordination channel (plan.RemoteShell.CHANNEL): no sshd.
+
+    mpirun ──exec──► sm-horovod-rsh-agent HOST WORDS...      (rsh_agent.py, on the master)
+      agent ──Unix socket (0600 in a 0700 dir)──► AgentRelay   (the master's entry point)
+        relay ──Request(Spawn{words})──► worker's OrtedSpawner (over the authenticated channel)
+          spawner: parse_orted_command (orted_command.py) ──execve──► orted (its child)
+        ◄── Response(Spawned{exit_code, output}) when orted exits
+      agent prints the output, exits with orted's code  ──► mpirun (non-zero aborts the job)
+
+The agent session lives as long as its orted, as an ssh session would without --daemonize, so an
+orted that dies, a lost worker or a killed agent each end mpirun at once. A Spawn is only ever
+read from an authenticated channel frame (HMAC under the job key, per-connection session key,
+sequence numbers: no forgery, no replay; protocol.py), and the worker runs nothing but its own
+orted binary from it, without a shell.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+import shutil
+import socket
+import socketserver
+import threading
+from collections.abc import Coroutine, Sequence
+from pathlib import Path
+from typing import Any, Protocol, Self
+
+from entrypoint.orted_command import ORTED, RefusedCommandError, parse_orted_command
+from entrypoint.protocol import (
+    CATALOG,
+    Catalog,
+    Direction,
+    Fields,
+    Message,
+    ProtocolError,
+    _exit_code,
+    catalog,
+)
+from entrypoint.session import Handlers, RequestFailedError, Session, SessionLostError
+
+log = logging.getLogger("entrypoint")
+
+# Where the agent finds the master's relay socket (set in mpirun's environment only).
+AGENT_SOCKET_ENV = "SMH_RSH_AGENT_SOCKET"
+# An agent session lasts as long as its orted, i.e. the job: SageMaker's longest (28 days).
+ORTED_SESSION_LIMIT_S = 28 * 24 * 3600.0
+# Exit code for "no orted ran": a refused command, a lost worker, a broken relay (ssh's 255).
+NOT_RUN_EXIT_CODE = 255
+# orted's last output that travels back to mpirun (a frame is at most 16 KiB).
+OUTPUT_TAIL_CHARS = 4000
+_MAX_AGENT_REQUEST_BYTES = 256 * 1024
+
+
+@dataclasses.dataclass(frozen=True)
+class Spawn(Message):
+    """Master to worker, as a Request's body: start orted with these words (mpirun's, after
+    the host). Answered with Spawned when orted ends."""
+
+    TYPE = "spawn"
+    TRAVELS = frozenset({Direction.TO_WORKER})
+
+    words: tuple[str, ...]
+
+    def to_json(self) -> Fields:
+        return {"words": list(self.words)}
+
+    @classmethod
+    def from_json(cls, fields: Fields, catalog: Catalog) -> Self:
+        words = fields.get("words")
+        if not isinstance(words, list) or not all(isinstance(word, str) for word in words):
+            raise ProtocolError("Spawn's words must be a list of strings")
+        return cls(tuple(words))
+
+
+@dataclasses.dataclass(frozen=True)
+class Spawned(Message):
+    """Worker to master: how the orted of a Spawn ended (or why none ran), and its last output."""
+
+    TYPE = "spawned"
+    TRAVELS = frozenset({Direction.TO_MASTER})
+
+    exit_code: int
+    output: str = ""
+
+    @classmethod
+    def from_json(cls, fields: Fields, catalog: Catalog) -> Self:
+        output = fields.get("output", "")
+        if not isinstance(output, str):
+            raise ProtocolError("Spawned's output must be a string")
+        return cls(_exit_code(fields.get("exit_code")), output)
+
+
+REMOTE_SHELL_CATALOG: Catalog = {**CATALOG, **catalog(Spawn, Spawned)}
+
+
+# --------------------------------------------------------------------------------------------
+# Worker
+
+
+class OrtedSpawner:
+    """A worker's handler for Spawn: one orted per job, from a command OpenMPI 4.1 sends."""
+
+    def __init__(self, host: str, env: dict[str, str] | None = None) -> None:
+        self._host = host
+        # As sshd's SetEnv does for the ssh launch: ranks see their own host, never the
+        # master's (toolkit issue #158).
+        self._env = {**(os.environ if env is None else env), "SM_CURRENT_HOST": host}
+        self._spawned = False
+
+    def handlers(self) -> Handlers:
+        return {Spawn: self.on_spawn}
+
+    def on_spawn(
+        self, _session: Session, message: Message
+    ) -> Spawned | Coroutine[Any, Any, Spawned]:
+        if not isinstance(message, Spawn):
+            raise TypeError(f"{type(message).__name__} is not a Spawn")
+        try:
+            if self._spawned:
+                raise RefusedCommandError("this job's orted was already started")
+            command = parse_orted_command(message.words)
+            # Always this host's own orted; a prefix (which also goes before the library
+            # path) must be the one this orted is installed under.
+            own = shutil.which(ORTED, path=self._env.get("PATH"))
+            if own is None:
+                raise RefusedCommandError("this host has no orted on its PATH")
+            if command.prefix is not None and os.path.realpath(
+                f"{command.prefix}/bin/{ORTED}"
+            ) != os.path.realpath(own):
+                raise RefusedCommandError(f"{command.prefix!r} is not the prefix of {own}")
+        except RefusedCommandError as refusal:
+            log.error("refused to run a remote command from the master: %s", refusal)
+            return Spawned(NOT_RUN_EXIT_CODE, f"{self._host}: refused: {refusal}\n")
+        self._spawned = True
+        return self._run([own, *command.options], command.environment(self._env))
+
+    async def _run(self, argv: list[str], env: dict[str, str]) -> Spawned:
+        log.info("starting orted for mpirun (%d options)", len(argv) - 1)
+        process = await asyncio.create_subprocess_exec(
+            *argv,
+            env=env,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            # Its own group: the worker's teardown kills orted's tree (launchers.OrtedPart).
+            start_new_session=True,
+        )
+        tail = ""
+        if process.stdout is not None:  # always, with PIPE
+            async for raw in process.stdout:
+                line = raw.decode(errors="replace")
+                log.info("orted: %s", line.rstrip())
+                tail = (tail + line)[-OUTPUT_TAIL_CHARS:]
+        code = await process.wait()
+        log.info("orted ended with code %d", code)
+        # A signal death is -N here; ssh reports 128+N, never 0.
+        return Spawned(code if code >= 0 else 128 - code, tail)
+
+
+# --------------------------------------------------------------------------------------------
+# Master
+
+
+def agent_request(host: str, words: Sequence[str]) -> bytes:
+    """What the agent sends the relay: one JSON line."""
+    return json.dumps({"host": host, "words": list(words)}).encode() + b"\n"
+
+
+def parse_agent_request(line: bytes) -> tuple[str, tuple[str, ...]]:
+    fields = json.loads(line)
+    host, words = fields.get("host"), fields.get("words")
+    if not isinstance(host, str) or not isinstance(words, list):
+        raise ValueError("an agent request is {host, words}")
+    if not all(isinstance(word, str) for word in words):
+        raise ValueError("an agent request's words are strings")
+    return host, tuple(words)
+
+
+def agent_answer(spawned: Spawned) -> bytes:
+    return json.dumps({"exit_code": spawned.exit_code, "output": spawned.output}).encode() + b"\n"
+
+
+def parse_agent_answer(line: bytes) -> Spawned:
+    fields = json.loads(line)
+    return Spawned.from_json(fields, REMOTE_SHELL_CATALOG)
+
+
+class _Ask(Protocol):
+    """What the relay needs of the master's channel (MasterChannel.request)."""
+
+    def request(self, host: str, message: Message, timeout_s: float) -> Message: ...
+
+
+class AgentRelay:
+    """The master's end of the agent: a Unix socket only this user can reach (a 0700 dir,
+    a 0600 socket), one thread per agent session, each a channel request to its host."""
+
+    def __init__(
+        self, channel: _Ask, directory: Path, timeout_s: float = ORTED_SESSION_LIMIT_S
+    ) -> None:
+        """`directory`: a fresh one only this user may enter (tempfile.mkdtemp)."""
+        self._channel = channel
+        self._timeout_s = timeout_s
+        self._dir = directory
+        self.path = self._dir / "agent.sock"
+        relay = self
+
+        class Handler(socketserver.StreamRequestHandler):
+            def handle(self) -> None:
+                self.wfile.write(agent_answer(relay.answer(self.rfile)))
+
+        previous = os.umask(0o177)
+        try:
+            self._server = socketserver.ThreadingUnixStreamServer(str(self.path), Handler)
+        finally:
+            os.umask(previous)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, name="rsh-relay", daemon=True
+        )
+        self._thread.start()
+
+    def answer(self, stream: Any) -> Spawned:
+        host = "?"
+        try:
+            host, words = parse_agent_request(stream.readline(_MAX_AGENT_REQUEST_BYTES))
+            log.info("mpirun asks %s for orted over the channel", host)
+            answer = self._channel.request(host, Spawn(words), self._timeout_s)
+            if not isinstance(answer, Spawned):
+                raise RequestFailedError(f"{type(answer).__name__} is no answer to Spawn")
+        except (ValueError, SessionLostError, RequestFailedError, TimeoutError) as error:
+            log.error("no orted on %s: %s", host, error)
+            return Spawned(NOT_RUN_EXIT_CODE, f"{host}: no orted: {error}\n")
+        if answer.exit_code != 0:
+            log.error("orted on %s ended with code %d", host, answer.exit_code)
+        return answer
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        with contextlib.suppress(OSError):
+            self.path.unlink()
+            self._dir.rmdir()
+
+
+def ask_relay(path: str, host: str, words: Sequence[str]) -> Spawned:
+    """The agent's side: one request, then wait (as long as orted runs) for its answer."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
+        connection.connect(path)
+        connection.sendall(agent_request(host, words))
+        with connection.makefile("rb") as answers:
+            line = answers.readline()
+    if not line:
+        raise ConnectionError("the entry point closed the agent's socket")
+    return parse_agent_answer(line)

@@ -1,0 +1,85 @@
+"""The channel launch (mpi_remote_shell=channel, the default): mpirun's orted reaches the
+workers over the coordination channel, with no sshd anywhere; and the ssh launch when asked.
+Real containers, real mpirun, real orted."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+
+from harness.cluster import docker_command
+from tests.test_cluster import FAIL_FAST_S, PROGRAMS, script_mode
+
+pytestmark = [pytest.mark.docker, pytest.mark.timeout(300)]
+
+
+def channel_mode(seconds: float = 0.0, **extra: str) -> dict[str, str]:
+    return script_mode(seconds, mpi_remote_shell="channel", **extra)
+
+
+def test_allreduce_over_the_channel_launch_without_sshd(make_cluster):
+    cluster = make_cluster(2, hyperparameters=channel_mode(), code_dir=PROGRAMS)
+    cluster.start()
+    assert cluster.wait(timeout=180) == {"algo-1": 0, "algo-2": 0}, cluster.describe()
+    master_log = cluster.logs("algo-1")
+    assert re.search(r"\[\d+,1\]<stdout>:ALLREDUCE rank=1 size=2 sum=3 host=algo-2", master_log)
+    assert "-mca plm_rsh_agent sm-horovod-rsh-agent" in master_log
+    assert "mpirun asks algo-2 for orted over the channel" in master_log
+    assert "starting orted for mpirun" in cluster.logs("algo-2")
+    for host in cluster.hosts:
+        assert "starting sshd" not in cluster.logs(host), cluster.describe()
+
+
+def run_then_break(make_cluster, breaking: str, victim: str, command: list[str] | None):
+    """A long 2-host job; once every rank runs, kill `victim`'s container (command None) or run
+    `command` in it. Every surviving host must exit non-zero within FAIL_FAST_S."""
+    cluster = make_cluster(2, hyperparameters=channel_mode(seconds=120), code_dir=PROGRAMS)
+    cluster.start()
+    cluster.wait_for_log("algo-1", "RUNNING rank=1", timeout=120)
+    broken_at = time.time()
+    if command is None:
+        cluster.kill(victim)
+    else:
+        docker_command(cluster.docker, "exec", cluster.container(victim), *command)
+    survivors = [host for host in cluster.hosts if command is not None or host != victim]
+    codes = cluster.wait(timeout=60, hosts=survivors)
+    for host in survivors:
+        assert codes[host] != 0, f"{breaking}: {cluster.describe()}"
+        assert cluster.exit_time(host) - broken_at < FAIL_FAST_S, cluster.describe()
+        assert cluster.failure(host) is not None, cluster.describe()
+    return cluster
+
+
+def test_a_worker_killed_fails_every_host_naming_it(make_cluster):
+    cluster = run_then_break(make_cluster, "worker killed", "algo-2", None)
+    assert cluster.failure("algo-1").startswith("HostLost: host algo-2 lost"), cluster.describe()
+
+
+def test_orted_killed_on_a_worker_fails_every_host(make_cluster):
+    cluster = run_then_break(
+        make_cluster, "orted killed", "algo-2", ["sh", "-c", "kill -KILL $(pidof orted)"]
+    )
+    for host in cluster.hosts:
+        assert "orted on algo-2 ended with code 137" in cluster.failure(host), cluster.describe()
+
+
+def test_the_agent_killed_on_the_master_fails_every_host(make_cluster):
+    cluster = run_then_break(
+        make_cluster, "agent killed", "algo-1", ["pkill", "-KILL", "-f", "sm-horovod-rsh-agent"]
+    )
+    assert "algo-2" in cluster.logs("algo-1"), cluster.describe()
+
+
+def test_allreduce_over_ssh_when_asked(make_cluster):
+    """mpi_remote_shell=ssh keeps today's launch: sshd on every host, orted over ssh."""
+    hyperparameters = script_mode(mpi_remote_shell="ssh")
+    cluster = make_cluster(2, hyperparameters=hyperparameters, code_dir=PROGRAMS)
+    cluster.start()
+    assert cluster.wait(timeout=180) == {"algo-1": 0, "algo-2": 0}, cluster.describe()
+    master_log = cluster.logs("algo-1")
+    assert "ALLREDUCE rank=1 size=2 sum=3 host=algo-2" in master_log, cluster.describe()
+    assert "-mca plm_rsh_args" in master_log
+    for host in cluster.hosts:
+        assert "starting sshd" in cluster.logs(host), cluster.describe()

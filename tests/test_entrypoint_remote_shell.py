@@ -1,0 +1,246 @@
+"""The channel launch's remote shell (mpi_remote_shell=channel): what mpirun hands its agent,
+what a worker accepts and refuses, and one agent -> relay -> channel -> worker round trip over
+real sockets with a stand-in orted on PATH."""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+import time
+from pathlib import Path
+
+import pytest
+
+from entrypoint import rsh_agent
+from entrypoint.coordination import MasterChannel, WorkerChannel
+from entrypoint.orted_command import OrtedCommand, RefusedCommandError, parse_orted_command
+from entrypoint.protocol import (
+    Direction,
+    FrameReader,
+    FrameWriter,
+    ProtocolError,
+    Request,
+    derive_job_key,
+    message_from_json,
+    message_to_json,
+)
+from entrypoint.remote_shell import (
+    AGENT_SOCKET_ENV,
+    NOT_RUN_EXIT_CODE,
+    REMOTE_SHELL_CATALOG,
+    AgentRelay,
+    OrtedSpawner,
+    Spawn,
+    Spawned,
+)
+from entrypoint.session import ChannelTiming
+
+pytestmark = pytest.mark.timeout(60)
+
+# Captured for real: OpenMPI 4.1.4 (Debian bookworm, this image), `OMPI_MCA_plm_rsh_agent=
+# <recorder> mpirun --allow-run-as-root --tag-output -np 2 -H algo-1:1,algo-2:1 -mca pml ob1
+# -mca plm_rsh_no_tree_spawn 1 -mca btl_tcp_if_include eth0 -x PATH hostname`; the recorder
+# wrote its argv. Word 0 is the host; note the leading space of " orted" and the literal quotes.
+CAPTURED_ALGO_2 = [
+    "algo-2", " orted", "--daemonize",
+    "-mca", "ess", '"env"',
+    "-mca", "ess_base_jobid", '"3542810624"',
+    "-mca", "ess_base_vpid", "2",
+    "-mca", "ess_base_num_procs", '"3"',
+    "-mca", "orte_node_regex", '"[1:5]e8b62c534f0,algo-[1:1-2]@0(3)"',
+    "-mca", "orte_hnp_uri", '"3542810624.0;tcp://172.17.0.4:59767"',
+    "-mca", "pml", '"ob1"',
+    "-mca", "plm_rsh_no_tree_spawn", '"1"',
+    "-mca", "btl_tcp_if_include", '"eth0"',
+    "-mca", "plm", '"rsh"',
+    "-mca", "plm_rsh_agent", '"/opt/rec"',
+    "-mca", "orte_tag_output", '"1"',
+    "-mca", "pmix", '"^s1,s2,cray,isolated"',
+]  # fmt: skip
+# The same with mpirun called as /usr/bin/mpirun (-np 1 -H algo-1:1): OpenMPI adds its prefix.
+CAPTURED_PREFIXED_ALGO_1 = [
+    "algo-1",
+    "          PATH=/usr/bin:$PATH ; export PATH ; "
+    "LD_LIBRARY_PATH=/usr/lib:${LD_LIBRARY_PATH:-} ; export LD_LIBRARY_PATH ; "
+    "DYLD_LIBRARY_PATH=/usr/lib:${DYLD_LIBRARY_PATH:-} ; export DYLD_LIBRARY_PATH ;   "
+    "/usr/bin/orted",
+    "--daemonize",
+    "-mca", "ess", '"env"',
+    "-mca", "ess_base_jobid", '"3548708864"',
+    "-mca", "ess_base_vpid", "1",
+    "-mca", "ess_base_num_procs", '"2"',
+    "-mca", "orte_node_regex", '"[1:5]e8b62c534f0,algo-[1:1]@0(2)"',
+    "-mca", "orte_hnp_uri", '"3548708864.0;tcp://172.17.0.4:44663"',
+    "-mca", "plm_rsh_no_tree_spawn", '"1"',
+    "-mca", "plm", '"rsh"',
+    "-mca", "plm_rsh_agent", '"/opt/rec"',
+    "-mca", "pmix", '"^s1,s2,cray,isolated"',
+]  # fmt: skip
+
+
+def test_the_captured_orted_command_is_accepted_as_argv_without_quotes_or_daemonize():
+    command = parse_orted_command(CAPTURED_ALGO_2[1:])
+    assert command == OrtedCommand(
+        (
+            "-mca", "ess", "env",
+            "-mca", "ess_base_jobid", "3542810624",
+            "-mca", "ess_base_vpid", "2",
+            "-mca", "ess_base_num_procs", "3",
+            "-mca", "orte_node_regex", "[1:5]e8b62c534f0,algo-[1:1-2]@0(3)",
+            "-mca", "orte_hnp_uri", "3542810624.0;tcp://172.17.0.4:59767",
+            "-mca", "pml", "ob1",
+            "-mca", "plm_rsh_no_tree_spawn", "1",
+            "-mca", "btl_tcp_if_include", "eth0",
+            "-mca", "plm", "rsh",
+            "-mca", "plm_rsh_agent", "/opt/rec",
+            "-mca", "orte_tag_output", "1",
+            "-mca", "pmix", "^s1,s2,cray,isolated",
+        ),
+        prefix=None,
+    )  # fmt: skip
+    assert command.environment({"PATH": "/bin"}) == {"PATH": "/bin"}
+
+
+def test_the_captured_prefix_form_becomes_environment_not_a_shell():
+    command = parse_orted_command(CAPTURED_PREFIXED_ALGO_1[1:])
+    assert command.prefix == "/usr"
+    assert command.options[:3] == ("-mca", "ess", "env")
+    assert "--daemonize" not in command.options
+    assert command.environment({"PATH": "/bin", "LD_LIBRARY_PATH": "/x"}) == {
+        "PATH": "/usr/bin:/bin",
+        "LD_LIBRARY_PATH": "/usr/lib:/x",
+        "DYLD_LIBRARY_PATH": "/usr/lib:",
+    }
+
+
+@pytest.mark.parametrize(
+    ("words", "reason"),
+    [
+        (["/bin/sh", "-c", "id"], "is not OpenMPI's orted"),
+        (["python3", "-m", "http.server"], "is not OpenMPI's orted"),
+        (["/tmp/orted", "-mca", "ess", '"env"'], "is not OpenMPI's orted"),
+        ([" orted", "-mca", "ess", '"env"', ";", "rm", "-rf", "/"], "not OpenMPI's PATH prefix"),
+        (["id ;", " orted", "-mca", "ess", '"env"'], "not OpenMPI's PATH prefix"),
+        ([" orted", "-mca", "ess", '"env"', "&&", "id"], "shell syntax '&&'"),
+        ([" orted", "-mca", "ess", '"env"', "|", "sh"], "shell syntax '|'"),
+        ([" orted", "-mca", "ess", '"env"', ">", "/etc/passwd"], "shell syntax '>'"),
+        (["( test ! -r ./.profile || . ./.profile;", " orted", ")"], "shell syntax '('"),
+        ([" orted", "-mca", "ess", '"$(id)"'], "shell expansion"),
+        ([" orted", "-mca", "ess", '"`id`"'], "shell expansion"),
+        ([" orted", "-mca", "e$s", '"env"'], "not a plain name"),
+        ([" orted", "--tree-spawn"], "'--tree-spawn' is not one"),
+        ([" orted", "-mca", "ess"], "'-mca' is not one"),
+        ([' orted "unclosed'], "not a command line"),
+        (["PATH=/tmp/bin:$PATH ; /tmp/bin/orted"], "is not OpenMPI's prefix"),
+        (["PATH=/usr/bin:$PATH ; export PATH ; /tmp/orted"], "is not OpenMPI's orted"),
+        ([], "no command"),
+    ],
+)
+def test_anything_but_openmpis_orted_command_is_refused(words, reason):
+    with pytest.raises(RefusedCommandError, match=re.escape(reason)):
+        parse_orted_command(words)
+
+
+def test_spawn_and_spawned_are_exact_json_in_their_direction():
+    request = Request(7, Spawn(("orted", "-mca", "ess", '"env"')))
+    text = message_to_json(request)
+    assert text == (
+        b'{"body":{"type":"spawn","words":["orted","-mca","ess","\\"env\\""]},'
+        b'"request_id":7,"type":"request"}'
+    )
+    assert message_to_json(Spawned(3, "x")) == b'{"exit_code":3,"output":"x","type":"spawned"}'
+    assert message_from_json(text, REMOTE_SHELL_CATALOG) == request
+    assert request.travels(Direction.TO_WORKER)
+    assert not request.travels(Direction.TO_MASTER)
+    assert not Spawned(0).travels(Direction.TO_WORKER)
+    with pytest.raises(ProtocolError, match=r"unknown|unexpected"):
+        message_from_json(text)  # a channel without the remote shell does not know Spawn
+
+
+def test_a_replayed_spawn_request_is_refused():
+    key = derive_job_key(b"job secret")
+    frame = FrameWriter(key, Direction.TO_WORKER).encode(Request(0, Spawn((" orted",))))
+    reader = FrameReader(key, Direction.TO_WORKER, catalog=REMOTE_SHELL_CATALOG)
+    assert reader.decode(frame[4:]) == Request(0, Spawn((" orted",)))
+    with pytest.raises(ProtocolError, match="replayed or reordered"):
+        reader.decode(frame[4:])
+    with pytest.raises(ProtocolError, match="authentication failed"):
+        other = FrameWriter(derive_job_key(b"guess"), Direction.TO_WORKER)
+        reader.decode(other.encode(Request(1, Spawn((" orted",))))[4:])
+
+
+# --------------------------------------------------------------------------------------------
+# The whole path over real sockets: agent -> relay -> MasterChannel -> WorkerChannel -> orted.
+
+FAST = ChannelTiming(
+    heartbeat_interval_s=0.1, lost_after_s=2.0, hello_timeout_s=0.5, check_interval_s=0.01
+)
+
+
+def fake_orted(directory: Path, exit_code: int) -> dict[str, str]:
+    """An `orted` on PATH that prints its argv and exits with `exit_code`."""
+    directory.mkdir()
+    orted = directory / "orted"
+    orted.write_text(f'#!/bin/sh\necho "orted got: $*"\nexit {exit_code}\n')
+    orted.chmod(stat.S_IRWXU)
+    return {"PATH": f"{directory}:/usr/bin:/bin"}
+
+
+@pytest.fixture
+def cluster(tmp_path, monkeypatch):
+    key = derive_job_key(b"job secret")
+    master = MasterChannel(
+        job_key=key, workers=("algo-2",), port=0, timing=FAST, catalog=REMOTE_SHELL_CATALOG
+    )
+    spawner = OrtedSpawner("algo-2", fake_orted(tmp_path / "bin", 3))
+    worker = WorkerChannel(
+        job_key=key,
+        host="algo-2",
+        master="localhost",
+        deadline=time.monotonic() + 10,
+        port=master.port,
+        timing=FAST,
+        handlers=spawner.handlers(),
+        catalog=REMOTE_SHELL_CATALOG,
+    )
+    relay_dir = tmp_path / "relay"
+    relay_dir.mkdir(mode=0o700)
+    relay = AgentRelay(master, relay_dir, timeout_s=20)
+    monkeypatch.setenv(AGENT_SOCKET_ENV, str(relay.path))
+    deadline = time.monotonic() + 10
+    while "algo-2" not in master.connected() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    yield relay
+    relay.close()
+    worker.close()
+    master.close()
+
+
+def test_the_agent_runs_orted_on_the_worker_and_exits_with_its_code(cluster, capfd):
+    assert stat.S_IMODE(os.stat(cluster.path).st_mode) == 0o600
+    assert rsh_agent.main(CAPTURED_ALGO_2) == 3
+    # orted got the words without the quotes a shell would have removed, no --daemonize.
+    err = capfd.readouterr().err
+    assert "orted got: -mca ess env -mca ess_base_jobid 3542810624" in err
+    assert err.endswith("sm-horovod-rsh-agent: error: orted on algo-2 ended with code 3\n")
+    # One orted per worker per job: a second request is refused (and never reaches a shell).
+    assert rsh_agent.main(CAPTURED_ALGO_2) == NOT_RUN_EXIT_CODE
+    assert "already started" in capfd.readouterr().err
+
+
+def test_a_refused_command_and_an_unknown_host_exit_non_zero(cluster, capfd):
+    assert rsh_agent.main(["algo-2", "/bin/sh", "-c", "id"]) == NOT_RUN_EXIT_CODE
+    assert "refused: '/bin/sh' is not OpenMPI's orted" in capfd.readouterr().err
+    assert rsh_agent.main(["algo-9", " orted"]) == NOT_RUN_EXIT_CODE
+    assert "algo-9: no orted: algo-9 is not connected" in capfd.readouterr().err
+    # A prefix is accepted by the parser, but only the worker's own orted's prefix runs.
+    prefixed = ["algo-2", "PATH=/opt/evil/bin:$PATH ; export PATH ; /opt/evil/bin/orted"]
+    assert rsh_agent.main(prefixed) == NOT_RUN_EXIT_CODE
+    assert "refused: '/opt/evil' is not the prefix of" in capfd.readouterr().err
+
+
+def test_the_agent_without_its_socket_exits_255(monkeypatch, capfd):
+    monkeypatch.delenv(AGENT_SOCKET_ENV, raising=False)
+    assert rsh_agent.main(["algo-2", " orted"]) == NOT_RUN_EXIT_CODE
+    assert "usage" in capfd.readouterr().err
