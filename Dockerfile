@@ -2,6 +2,7 @@
 #
 #   make build                 GPU flavor (default): CUDA 11.8, NCCL 2.16, Horovod with NCCL ops
 #   make build FLAVOR=cpu      CPU flavor: the same without CUDA (what the tests run)
+#   make build FLAVOR=torch    PyTorch instead of TensorFlow (GPU; FLAVOR=torch-cpu: CPU), below
 #
 # Stages, top to bottom, in the order of how rarely they change:
 #   os       runtime system packages (OpenMPI, OpenSSH, Python, tini)
@@ -215,3 +216,106 @@ EXPOSE 8080
 WORKDIR /opt/ml
 ENTRYPOINT ["/usr/bin/tini", "--", "/usr/local/bin/docker-entrypoint.sh"]
 CMD []
+
+################################################################################################
+# The PyTorch image (FLAVOR=torch for GPU, FLAVOR=torch-cpu): the same `os` stage, entry point
+# and contract, with torch instead of TensorFlow; no Horovod, no built-in model, no `serve`
+# (docs/torch.md says why and what each flavor holds).
+
+FROM os AS torch-pydeps-install
+ARG FLAVOR
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+COPY docker/constraints.txt docker/constraints-torch.txt docker/requirements-torch*.txt /opt/requirements/
+# PyPI has no CPU-only torch: every torch wheel there is a CUDA build. The CPU flavor installs
+# torch without its dependencies plus only the CUDA libraries `import torch` loads
+# (requirements-torch-cpu.txt says which stay out).
+RUN --mount=type=cache,target=/root/.cache/pip \
+    --mount=type=secret,id=ca,target=/etc/ssl/certs/ca-certificates.crt \
+    set -eux; \
+    export PIP_CERT=/etc/ssl/certs/ca-certificates.crt; \
+    pip install -r /opt/requirements/requirements-torch-common.txt; \
+    if [ "$FLAVOR" = torch-cpu ]; then no_deps=--no-deps; else no_deps=; fi; \
+    pip install $no_deps -r "/opt/requirements/requirements-${FLAVOR}.txt"; \
+    { grep -rlZ --include='*.pem' --include='*.key' -e 'PRIVATE KEY-----' /opt/venv/lib || true; } \
+        | xargs -0r rm -v
+
+FROM torch-pydeps-install AS torch-pydeps-torch-cpu
+
+FROM torch-pydeps-install AS torch-pydeps-torch
+# torch finds its CUDA libraries through its own RPATH (no LD_LIBRARY_PATH); the driver's
+# libcuda.so.1 is mounted by the NVIDIA container runtime on SageMaker's GPU hosts.
+ENV NVIDIA_VISIBLE_DEVICES=all \
+    NVIDIA_DRIVER_CAPABILITIES=compute,utility
+
+# hadolint ignore=DL3006
+FROM torch-pydeps-${FLAVOR} AS torch-pydeps
+
+FROM torch-pydeps AS torch-build
+# hadolint ignore=DL3008
+RUN set -eux; \
+    apt-get update; \
+    apt-get install -y --no-install-recommends build-essential libopenmpi-dev python3-dev; \
+    rm -rf /var/lib/apt/lists/*
+RUN --mount=type=secret,id=ca,target=/etc/ssl/certs/ca-certificates.crt \
+    set -eux; \
+    MAKEFLAGS="-j$(nproc)"; \
+    export PIP_CERT=/etc/ssl/certs/ca-certificates.crt MAKEFLAGS; \
+    pip wheel --no-cache-dir --no-deps --no-build-isolation --wheel-dir /wheels \
+        -r /opt/requirements/requirements-torch-build.txt
+
+FROM torch-pydeps AS torch-final
+ARG FLAVOR
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+# The CPU flavor leaves out what torch lists but never loads without a GPU; pip check may
+# report exactly those as missing, and nothing else.
+RUN --mount=type=bind,from=torch-build,source=/wheels,target=/wheels \
+    --mount=type=bind,source=docker/torch_check.py,target=/tmp/torch_check.py \
+    set -eux; \
+    pip install --no-deps --no-index --no-cache-dir /wheels/*.whl; \
+    { pip check || true; } | tee /tmp/pip-check.txt; \
+    if [ "$FLAVOR" = torch-cpu ]; then \
+        sed -i -E '/^torch [0-9.]+ requires (triton|cuda-bindings|nvidia-[a-z-]+-cu12), which is not installed\.$/d' /tmp/pip-check.txt; \
+    fi; \
+    if grep -v '^No broken requirements found\.$' /tmp/pip-check.txt; then exit 1; fi; \
+    rm /tmp/pip-check.txt; \
+    python -c 'import mpi4py.MPI, sagemaker_training.environment, torch, torchvision; print(torch.__version__, torchvision.__version__, torch._C._cuda_getArchFlags())'; \
+# NCCL is a library torch loads, not a device: its version reads without a GPU.
+    if [ "$FLAVOR" = torch ]; then \
+        python -c 'import torch, torch.cuda.nccl, torch.distributed as d; assert d.is_nccl_available(); print("NCCL", torch.cuda.nccl.version())'; \
+    fi; \
+    OMP_NUM_THREADS=1 torchrun --standalone --nproc-per-node 2 /tmp/torch_check.py
+
+COPY docker/docker-entrypoint.sh /usr/local/bin/docker-entrypoint.sh
+
+# This repository's code, last. model/ and serve/ come with the package (model.hparams is the
+# entry point's hyperparameter check); `serve` and the built-in model refuse to run here.
+COPY pyproject.toml /opt/src/
+COPY entrypoint /opt/src/entrypoint
+COPY model /opt/src/model
+COPY serve /opt/src/serve
+RUN set -eux; \
+# sagemaker-training installs its own `train` script; ours replaces it.
+    rm -f /opt/venv/bin/train; \
+    pip install --no-deps --no-build-isolation --no-cache-dir /opt/src; \
+    rm -rf /opt/src; \
+    grep -q 'entrypoint.main' "$(command -v train)"; \
+    python -c 'import entrypoint.main'; \
+# sshd (mpirun between hosts) must accept its configuration; a throwaway host key proves it.
+    ssh-keygen -q -t ed25519 -N '' -f /tmp/check_host_key; \
+    /usr/sbin/sshd -t -o HostKey=/tmp/check_host_key; \
+    rm -f /tmp/check_host_key /tmp/check_host_key.pub
+
+ENV SM_IMAGE_FLAVOR=${FLAVOR}
+WORKDIR /opt/ml
+ENTRYPOINT ["/usr/bin/tini", "--", "/usr/local/bin/docker-entrypoint.sh"]
+CMD []
+
+################################################################################################
+# The image `make build FLAVOR=...` builds: the last stage, one per flavor. BuildKit builds only
+# the stages the chosen one needs.
+FROM final AS image-gpu
+FROM final AS image-cpu
+FROM torch-final AS image-torch
+FROM torch-final AS image-torch-cpu
+# hadolint ignore=DL3006
+FROM image-${FLAVOR}

@@ -71,7 +71,7 @@ base: check-docker ## Build the Debian base image from Debian's packages (no reg
 
 .PHONY: build
 build: base ## Build IMAGE:FLAVOR and IMAGE:FLAVOR-<git sha> (FLAVOR=gpu|cpu)
-	@case "$(FLAVOR)" in gpu|cpu) ;; *) echo "error: FLAVOR must be gpu or cpu" >&2; exit 2;; esac
+	@case "$(FLAVOR)" in gpu|cpu|torch|torch-cpu) ;; *) echo "error: FLAVOR must be gpu, cpu, torch or torch-cpu" >&2; exit 2;; esac
 	if $(DOCKER) buildx version >/dev/null 2>&1; then \
 	    build="$(DOCKER) buildx build --load"; \
 	else \

@@ -479,6 +479,10 @@ def _parse_program(hyperparameters: Mapping[str, Any], env: Mapping[str, str]) -
                 f"hyperparameter {SUBMIT_DIR_PARAM} is set but {PROGRAM_PARAM} is not: "
                 "name the script to run"
             )
+        if env.get("SM_IMAGE_FLAVOR", "").startswith("torch"):
+            raise ContractError(
+                f"the built-in model is TensorFlow, not in the torch image: set {PROGRAM_PARAM}"
+            )
         return BuiltinProgram()
     if not isinstance(program, str):
         raise ContractError(f"hyperparameter {PROGRAM_PARAM}={program!r} is not a file name")

@@ -36,8 +36,11 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     marker = item.get_closest_marker("docker")
     if marker is None:
         return
-    # @pytest.mark.docker(needs_image=False): tests that build their own throwaway image.
-    image = image_name() if marker.kwargs.get("needs_image", True) else None
+    # @pytest.mark.docker(needs_image=False): tests that build their own throwaway image;
+    # @pytest.mark.docker(image=...): tests of another image than SM_IMAGE's.
+    image = (
+        marker.kwargs.get("image", image_name()) if marker.kwargs.get("needs_image", True) else None
+    )
     problem = _docker_problem(os.environ.get("DOCKER", "docker"), image)
     if problem is None:
         return
