@@ -21,17 +21,19 @@ from entrypoint.plan import (
     rank_environment,
     ranks_per_host,
     sagemaker_environment,
+    torchrun_argv,
 )
 
 
 def contract(hosts=("algo-1", "algo-2"), current="algo-1", hyperparameters=None, channels=None):
+    # The torch image's flavor: torch_distributed runs only there; the others do not read it.
     return parse_contract(
         resource_config_text=json.dumps(
             {"current_host": current, "hosts": list(hosts), "network_interface_name": "eth1"}
         ),
         hyperparameters_text=json.dumps(hyperparameters or {"epochs": "2"}),
         input_data_config_text=json.dumps(channels or {"train": {}}),
-        env={},
+        env={"SM_IMAGE_FLAVOR": "torch-cpu"} if TORCH in (hyperparameters or {}) else {},
     )
 
 
@@ -182,6 +184,7 @@ def test_processes_per_host_overrides_the_gpu_count():
 
 MWMS = "sagemaker_multi_worker_mirrored_strategy_enabled"
 PS = "sagemaker_parameter_server_enabled"
+TORCH = "sagemaker_torch_distributed_enabled"
 SCRIPT = {"sagemaker_program": "train.py", "epochs": "2"}
 PROGRAM = ("python", "train.py", "--epochs", "2")
 
@@ -205,8 +208,11 @@ PROGRAM = ("python", "train.py", "--epochs", "2")
         ({PS: "true"}, "algo-2",
          (ProcessesLaunch, False, False, True, True, VerdictRule.CHIEF, 1, None,
           (("worker:1", "[worker:1] "), ("ps:1", "[ps:1] ")))),
+        ({TORCH: "true"}, "algo-2",
+         (ProcessesLaunch, False, False, True, True, VerdictRule.EVERY_HOST, 8, None,
+          ((None, ""),))),
     ],
-    ids=["mpi", "per-host", "mwms", "ps-master", "ps-worker"],
+    ids=["mpi", "per-host", "mwms", "ps-master", "ps-worker", "torch-distributed"],
 )  # fmt: skip
 def test_make_plan_chooses_one_launch_per_backend(hyperparameters, current, expected):
     kind, sshd, ssh_check, reports, on_start, verdict, ranks, chief, processes = expected
@@ -235,11 +241,13 @@ def test_make_plan_chooses_one_launch_per_backend(hyperparameters, current, expe
         assert plan.command == launch.argv
         assert launch.env == plan.environment
         return
-    assert plan.command == PROGRAM
+    # torchrun runs the program (its exact argv: test_torchrun_argv_is_exact).
+    program = tuple(torchrun_argv(plan)) if TORCH in hyperparameters else PROGRAM
+    assert plan.command == program
     assert launch.chief_task == chief
     assert tuple((process.task, process.prefix) for process in launch.processes) == processes
     for process in launch.processes:
-        assert process.argv == PROGRAM
+        assert process.argv == program
         assert process.working_dir == Path("/opt/ml/code")
         if process.task is not None:
             assert json.loads(process.env["TF_CONFIG"])["task"]["type"] in process.task
@@ -260,6 +268,46 @@ def test_local_part_follows_the_launch():
     assert type(part({"sagemaker_mpi_enabled": "false"})) is ProgramPart
     assert type(part({MWMS: "true"})) is TaskGroupPart
     assert type(part({PS: "true"}, current="algo-2")) is TaskGroupPart
+    assert type(part({TORCH: "true"}, current="algo-2")) is ProgramPart
+
+
+@pytest.mark.parametrize(
+    ("current", "ranks", "program", "expected_tail"),
+    [
+        ("algo-1", None, "train.py", ("--node-rank", "0", "python", "train.py", "--epochs", "2")),
+        ("algo-3", "4", "train.py", ("--node-rank", "2", "python", "train.py", "--epochs", "2")),
+        ("algo-2", None, "run.sh", ("--node-rank", "1", "/bin/sh", "run.sh", "--epochs", "2")),
+    ],
+)  # fmt: skip
+def test_torchrun_argv_is_exact(current, ranks, program, expected_tail):
+    hyperparameters = {TORCH: "true", "sagemaker_program": program, "epochs": "2"}
+    if ranks:
+        hyperparameters["ranks_per_host"] = ranks
+    plan = make_plan(
+        contract(hosts=("algo-2", "algo-3", "algo-1"), current=current,
+                 hyperparameters=hyperparameters),
+        gpu_count=0,
+    )  # fmt: skip
+    node_rank, rank, *program_argv = expected_tail
+    assert torchrun_argv(plan) == [
+        "torchrun", "--nnodes", "3", "--nproc-per-node", ranks or "1",
+        node_rank, rank,
+        "--rdzv-backend", "static", "--master-addr", "algo-1", "--master-port", "29500",
+        "--max-restarts", "0", "--monitor-interval", "0.5", "--no-python",
+        *program_argv,
+    ]  # fmt: skip
+    (process,) = plan.launch.processes
+    assert process.working_dir == Path("/opt/ml/code")
+    # torch.distributed's sockets on the contract's interface, SM_* per host on every rank.
+    assert process.env["GLOO_SOCKET_IFNAME"] == process.env["NCCL_SOCKET_IFNAME"] == "eth1"
+    assert process.env["SM_CURRENT_HOST"] == current
+    assert json.loads(process.env["SM_HOSTS"]) == ["algo-1", "algo-2", "algo-3"]
+
+
+def test_torchrun_uses_one_rank_per_gpu():
+    plan = make_plan(contract(hyperparameters={**SCRIPT, TORCH: "true"}), gpu_count=8)
+    argv = torchrun_argv(plan)
+    assert argv[argv.index("--nproc-per-node") + 1] == "8"
 
 
 def test_a_processes_launch_refuses_what_its_loops_cannot_obey():
