@@ -147,7 +147,7 @@ def _last_marked(lines: Iterable[str], markers: Sequence[str]) -> str | None:
 _ROOT_CAUSE = "Root Cause (first observed failure):"
 _SUMMARY_FIELD = re.compile(r"^\s*(rank|exitcode)\s*:\s*(.+?)\s*$")
 # torchrun's own traceback, printed before its summary: the rank's error lines precede it.
-_TORCHRUN_TRACEBACK = "Traceback (most recent call last):"
+_TORCHRUN_TRACEBACK = "Traceback (most recent call last):"  # its first line
 
 
 def torchrun_root_cause(lines: Sequence[str], markers: Sequence[str]) -> str | None:
@@ -163,12 +163,24 @@ def torchrun_root_cause(lines: Sequence[str], markers: Sequence[str]) -> str | N
             fields.setdefault(match.group(1), match.group(2))
     if "rank" not in fields:
         return None
-    summary = f"rank {fields['rank']} exited with code {fields.get('exitcode', '?')}"
-    tracebacks = [
-        index for index, line in enumerate(lines[: starts[-1]]) if _TORCHRUN_TRACEBACK in line
-    ]
-    before = lines[: tracebacks[-1]] if tracebacks else ()
-    rank_error = _last_marked(before, markers)
+    code = fields.get("exitcode", "?").split()[0]
+    summary = f"rank {fields['rank']} exited with code {code}"
+    # torch prefixes an uncaught exception's lines in a rank with "[rank<R>]: ".
+    rank_prefix = f"[rank{fields['rank'].split()[0]}]:"
+    rank_error = _last_marked(
+        (
+            line.removeprefix(rank_prefix).strip()
+            for line in lines[: starts[-1]]
+            if line.startswith(rank_prefix)
+        ),
+        markers,
+    )
+    if rank_error is None:
+        # Otherwise the last error line before torchrun's own traceback.
+        tracebacks = [
+            index for index, line in enumerate(lines[: starts[-1]]) if _TORCHRUN_TRACEBACK in line
+        ]
+        rank_error = _last_marked(lines[: tracebacks[-1]] if tracebacks else (), markers)
     return f"{summary}: {rank_error}" if rank_error else summary
 
 

@@ -8,7 +8,15 @@ from pathlib import Path
 import pytest
 
 from entrypoint.contract import parse_contract
-from entrypoint.launchers import MpirunPart, OrtedPart, ProgramPart, TaskGroupPart, local_part
+from entrypoint.launchers import (
+    MpirunPart,
+    OrtedPart,
+    OutputTail,
+    ProgramPart,
+    TaskGroupPart,
+    local_part,
+    torchrun_root_cause,
+)
 from entrypoint.plan import (
     HostProcess,
     MpiLaunch,
@@ -316,3 +324,54 @@ def test_a_processes_launch_refuses_what_its_loops_cannot_obey():
         ProcessesLaunch(())
     with pytest.raises(ValueError, match="cannot decide"):
         ProcessesLaunch((program,), VerdictRule.MASTER_PART)
+
+
+# torch 2.10's torchrun when rank 1 of 2 raises (measured; its traceback's frames left out).
+TORCHRUN_FAILURE = """\
+TORCH rank=1 size=2 sum=3 host=algo-1
+[rank1]: Traceback (most recent call last):
+[rank1]:   File "/p/torch_allreduce.py", line 26, in <module>
+[rank1]:     raise RuntimeError(f"failing on purpose on rank {rank}")
+[rank1]: RuntimeError: failing on purpose on rank 1
+[rank0]: Traceback (most recent call last):
+[rank0]: RuntimeError: [/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:547] Connection closed by peer [127.0.0.1]:11682
+W1123 06:33:38.178000 1 torch/distributed/elastic/multiprocessing/api.py:1010] Sending process 10 closing signal SIGTERM
+E1123 06:33:39.784000 1 torch/distributed/elastic/multiprocessing/api.py:984] failed (exitcode: 1) local_rank: 1 (pid: 11) of binary: python
+Traceback (most recent call last):
+  File "/opt/venv/bin/torchrun", line 8, in <module>
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+python FAILED
+------------------------------------------------------------
+Failures:
+[1]:
+  time      : 2026-11-23_06:33:39
+  host      : 8e8a821ca9ce
+  rank      : 0 (local_rank: 0)
+  exitcode  : -15 (pid: 10)
+  error_file: <N/A>
+  traceback : Signal 15 (SIGTERM) received by PID 10
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-23_06:33:38
+  host      : 8e8a821ca9ce
+  rank      : 1 (local_rank: 1)
+  exitcode  : 1 (pid: 11)
+  error_file: <N/A>
+  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html
+============================================================"""  # noqa: E501
+
+
+def test_a_torchrun_failure_names_the_root_cause_rank_and_its_error():
+    lines = tuple(TORCHRUN_FAILURE.splitlines())
+    assert torchrun_root_cause(lines, OutputTail._MARKERS) == (
+        "rank 1 (local_rank: 1) exited with code 1: RuntimeError: failing on purpose on rank 1"
+    )
+    # Without torch's [rank<R>]: prefix: the last error line before torchrun's traceback.
+    unprefixed = tuple(line.removeprefix("[rank1]: ") for line in lines if "[rank0]" not in line)
+    assert torchrun_root_cause(unprefixed, OutputTail._MARKERS) == (
+        "rank 1 (local_rank: 1) exited with code 1: RuntimeError: failing on purpose on rank 1"
+    )
+    # Output without torchrun's summary: not torchrun's failure.
+    assert torchrun_root_cause(lines[:5], OutputTail._MARKERS) is None
