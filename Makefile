@@ -118,9 +118,11 @@ serve: ## Serve MODEL_DIR (a training job's /opt/ml/model) in the CPU image on S
 	    --volume "$(abspath $(MODEL_DIR))":/opt/ml/model:ro $(SERVE_ENV) $(IMAGE):cpu serve
 
 .PHONY: test
-test: venv ## Run every test: unit tests, then the cluster tests on the CPU image
+test: venv ## Run every test: unit tests, then the cluster tests on the CPU and torch-cpu images
 	$(MAKE) build FLAVOR=cpu DOCKER=$(DOCKER)
-	SM_IMAGE=$(IMAGE):cpu DOCKER=$(DOCKER) $(PY) -m pytest $(PYTEST_ARGS)
+	$(MAKE) build FLAVOR=torch-cpu DOCKER=$(DOCKER)
+	SM_IMAGE=$(IMAGE):cpu SM_TORCH_IMAGE=$(IMAGE):torch-cpu DOCKER=$(DOCKER) \
+	    $(PY) -m pytest $(PYTEST_ARGS)
 
 .PHONY: test-unit
 test-unit: venv ## Run the unit tests only (no Docker)
