@@ -10,8 +10,8 @@ import torch.distributed as dist
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--seconds", type=float, default=1.0)
-parser.add_argument("--fail-rank", type=int, default=-1)
-parser.add_argument("--fail-after", type=float, default=2.0)
+parser.add_argument("--fail_rank", "--fail-rank", type=int, default=-1)
+parser.add_argument("--fail_after", "--fail-after", type=float, default=2.0)
 args = parser.parse_args()
 
 dist.init_process_group("gloo")
