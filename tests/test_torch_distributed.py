@@ -51,7 +51,7 @@ def test_example_trains_on_two_hosts_with_torchrun(make_cluster, digits_dir):
     cluster.start()
     assert cluster.wait(timeout=240) == {"algo-1": 0, "algo-2": 0}, cluster.describe()
     master_log, worker_log = cluster.logs("algo-1"), cluster.logs("algo-2")
-    assert "torchrun --nnodes 2 --nproc-per-node 1 --node-rank 1" in worker_log
+    assert "running: torchrun --nnodes 2 --nproc-per-node 1 --node-rank 1 " in worker_log
     assert "rank 1 of 2" in worker_log, worker_log[-3000:]
     # The same bound the example meets on one host (about 0.97 there, test_torch_image.py).
     assert final_accuracy(master_log) >= MIN_ACCURACY, master_log[-3000:]
