@@ -96,6 +96,18 @@ def _remove_containers(docker: str, container_root: Path) -> None:
             subprocess.run([docker, "rm", "-f", *names], capture_output=True, check=False)
 
 
+def local_session(container_root: Path):
+    """The SDK's local-mode session: our region, telemetry off, local code (no S3 upload)."""
+    import boto3  # noqa: PLC0415 - after the fake credentials are in place
+    from sagemaker.local import LocalSession  # noqa: PLC0415
+
+    session = LocalSession(
+        boto_session=boto3.Session(region_name=REGION), sagemaker_config=NO_TELEMETRY
+    )
+    session.config = {"local": {"local_code": True, "container_root": str(container_root)}}
+    return session
+
+
 @pytest.fixture
 def container_root(tmp_path: Path, docker: str) -> Iterator[Path]:
     root = tmp_path / "sdk"
@@ -131,17 +143,12 @@ def test_tensorflow_estimator_mpi_two_hosts_two_ranks_each(
     tmp_path: Path,
     capfd: pytest.CaptureFixture[str],
 ):
-    import boto3  # noqa: PLC0415 - after the fake credentials are in place
-    from sagemaker.local import LocalSession  # noqa: PLC0415
-    from sagemaker.tensorflow import TensorFlow  # noqa: PLC0415
+    from sagemaker.tensorflow import TensorFlow  # noqa: PLC0415 - after the fake credentials
 
     output = tmp_path / "output"
     output.mkdir()
     with outside_connections() as attempts:
-        session = LocalSession(
-            boto_session=boto3.Session(region_name=REGION), sagemaker_config=NO_TELEMETRY
-        )
-        session.config = {"local": {"local_code": True, "container_root": str(container_root)}}
+        session = local_session(container_root)
         estimator = TensorFlow(
             entry_point="train.py",
             source_dir=str(PROGRAM_DIR),
@@ -237,17 +244,12 @@ def test_pytorch_estimator_torch_distributed_trains_the_example_on_two_hosts(
     tmp_path: Path,
     capfd: pytest.CaptureFixture[str],
 ):
-    import boto3  # noqa: PLC0415 - after the fake credentials are in place
-    from sagemaker.local import LocalSession  # noqa: PLC0415
-    from sagemaker.pytorch import PyTorch  # noqa: PLC0415
+    from sagemaker.pytorch import PyTorch  # noqa: PLC0415 - after the fake credentials
 
     output = tmp_path / "output"
     output.mkdir()
     with outside_connections() as attempts:
-        session = LocalSession(
-            boto_session=boto3.Session(region_name=REGION), sagemaker_config=NO_TELEMETRY
-        )
-        session.config = {"local": {"local_code": True, "container_root": str(container_root)}}
+        session = local_session(container_root)
         estimator = PyTorch(
             entry_point="train_ddp.py",
             source_dir=str(Path(__file__).parent.parent / "examples" / "torch"),
