@@ -62,11 +62,11 @@ MODEL_DIR_PARAM = "model_dir"
 # Each fails the job before anything starts, never a silent fallback to mpirun.
 _USE_MPI = "use distribution={'mpi': {'enabled': True}} with a Horovod script"
 UNSUPPORTED_DISTRIBUTIONS: Mapping[str, str] = {
-    "sagemaker_torch_distributed_enabled": (
-        f"torch_distributed (torchrun) needs PyTorch, which this TensorFlow image lacks: {_USE_MPI}"
-    ),
+    # The SDK's pytorchddp turns on SageMaker's data-parallel library (smddp), in AWS's images only.
     "sagemaker_pytorch_ddp_enabled": (
-        f"pytorchddp needs PyTorch, which this TensorFlow image lacks: {_USE_MPI}"
+        "pytorchddp is SageMaker's data-parallel library (smdistributed), only in AWS's own "
+        "images: use distribution={'torch_distributed': {'enabled': True}} (torchrun) with the "
+        "torch image"
     ),
     params.PYTORCH_XLA_MULTI_WORKER_ENABLED: (
         f"pytorchxla needs PyTorch/XLA, which this TensorFlow image lacks: {_USE_MPI}"
@@ -85,6 +85,11 @@ SMMP_PARAMETERS_PARAM = "mp_parameters"
 # {"enabled": True}} and {"parameter_server": {"enabled": True}}): each selects its backend.
 MWMS_ENABLED_PARAM = params.MULTI_WORKER_MIRRORED_STRATEGY_ENABLED
 PS_ENABLED_PARAM = params.PARAMETER_SERVER_ENABLED
+# The SDK's switch for torchrun (distribution={"torch_distributed": {"enabled": True}},
+# sagemaker/pytorch/estimator.py); only the torch image has torch.
+TORCH_DISTRIBUTED_ENABLED_PARAM = "sagemaker_torch_distributed_enabled"
+# Set in each image (Dockerfile): "gpu"/"cpu" for TensorFlow, "torch"/"torch-cpu" for PyTorch.
+IMAGE_FLAVOR_ENV = "SM_IMAGE_FLAVOR"
 
 DEFAULT_HOST_WAIT_TIMEOUT_S = 300.0
 # SageMaker sends SIGKILL 120 s after SIGTERM; leave room for mpirun and the workers to end.
@@ -117,6 +122,9 @@ class Backend(enum.Enum):
     # tf.distribute.ParameterServerStrategy over TF_CONFIG: a chief on the first host, a worker
     # and a ps on every host; the chief's program ending is the job's end (VerdictRule.CHIEF).
     PARAMETER_SERVER = names.PARAMETER_SERVER_BACKEND
+    # torchrun on every host (static rendezvous at the master); like PER_HOST, every host
+    # reports torchrun's exit and any failure fails the job (the torch image only).
+    TORCH_DISTRIBUTED = names.TORCH_DISTRIBUTED_BACKEND
 
 
 @dataclasses.dataclass(frozen=True)
@@ -375,6 +383,18 @@ def choose_backend(hyperparameters: Mapping[str, Any], ranks_per_host: int | Non
     ]
     mpi_requested = _enabled(hyperparameters, MPI_ENABLED_PARAM)
     data_parallel = _enabled(hyperparameters, SMDDP_ENABLED_PARAM)
+    if _enabled(hyperparameters, TORCH_DISTRIBUTED_ENABLED_PARAM):
+        others = [
+            *strategies,
+            *([MPI_ENABLED_PARAM] if mpi_requested else []),
+            *([SMDDP_ENABLED_PARAM] if data_parallel else []),
+        ]
+        if others:
+            raise ContractError(
+                f"hyperparameters {TORCH_DISTRIBUTED_ENABLED_PARAM}=true and {others[0]}=true: "
+                "torchrun and that distribution cannot both run the job; choose one"
+            )
+        return Backend.TORCH_DISTRIBUTED
     if len(strategies) > 1:
         raise ContractError(
             f"hyperparameters {strategies[0]}=true and {strategies[1]}=true: choose one strategy"
@@ -421,6 +441,11 @@ def check_backend_fits(backend: Backend, host_count: int, *, builtin_program: bo
             f"{PS_ENABLED_PARAM}=true needs at least 2 hosts (got 1): use "
             f"{MWMS_ENABLED_PARAM} or no distribution on one host"
         )
+    if backend is Backend.TORCH_DISTRIBUTED and builtin_program:
+        raise ContractError(
+            f"{TORCH_DISTRIBUTED_ENABLED_PARAM}=true: the built-in model is TensorFlow; "
+            f"torchrun runs your own script ({PROGRAM_PARAM})"
+        )
     if backend is Backend.PARAMETER_SERVER and builtin_program:
         raise ContractError(
             f"{PS_ENABLED_PARAM}=true: the built-in model trains with Horovod or "
@@ -437,6 +462,17 @@ def _custom_mpi_options(hyperparameters: Mapping[str, Any]) -> tuple[str, ...]:
         if value not in (None, ""):
             options += parse_custom_mpi_options(hyperparameter_text(value), name)
     return tuple(options)
+
+
+def check_backend_in_image(backend: Backend, image_flavor: str) -> None:
+    """torchrun needs torch, which only the torch image has (SM_IMAGE_FLAVOR says which image
+    this is; the launcher cannot know, so only the entry point checks)."""
+    if backend is Backend.TORCH_DISTRIBUTED and not image_flavor.startswith("torch"):
+        raise ContractError(
+            f"hyperparameter {TORCH_DISTRIBUTED_ENABLED_PARAM}=true: torchrun needs PyTorch, "
+            "which this TensorFlow image lacks: use the torch image (make build FLAVOR=torch or "
+            "torch-cpu)"
+        )
 
 
 def parse_entrypoint_settings(hyperparameters: Mapping[str, Any]) -> EntrypointSettings:
@@ -523,7 +559,7 @@ def _parse_program(hyperparameters: Mapping[str, Any], env: Mapping[str, str]) -
                 f"hyperparameter {SUBMIT_DIR_PARAM} is set but {PROGRAM_PARAM} is not: "
                 "name the script to run"
             )
-        if env.get("SM_IMAGE_FLAVOR", "").startswith("torch"):
+        if env.get(IMAGE_FLAVOR_ENV, "").startswith("torch"):
             raise ContractError(
                 f"the built-in model is TensorFlow, not in the torch image: set {PROGRAM_PARAM}"
             )
@@ -634,6 +670,7 @@ def parse_contract(
     )
     program = _parse_program(decoded, env)
     try:
+        check_backend_in_image(settings.backend, env.get(IMAGE_FLAVOR_ENV, ""))
         check_backend_fits(
             settings.backend, len(hosts), builtin_program=isinstance(program, BuiltinProgram)
         )

@@ -15,6 +15,7 @@ import collections
 import contextlib
 import logging
 import os
+import re
 import signal
 import subprocess
 import threading
@@ -126,11 +127,61 @@ class OutputTail:
         self._thread.join(timeout)
 
     def error_line(self) -> str | None:
-        """The last line that reads like an error, else None."""
-        for line in reversed(self._lines):
-            if any(marker in line for marker in self._MARKERS):
-                return line.strip()
+        """The last line that reads like an error, else None; under torchrun, which rank
+        failed how, and that rank's own last error line."""
+        return torchrun_root_cause(tuple(self._lines), self._MARKERS) or _last_marked(
+            self._lines, self._MARKERS
+        )
+
+
+def _last_marked(lines: Iterable[str], markers: Sequence[str]) -> str | None:
+    for line in reversed(list(lines)):
+        if any(marker in line for marker in markers):
+            return line.strip()
+    return None
+
+
+# torchrun's summary of a failed run (torch/distributed/elastic/multiprocessing/errors): a
+# "Root Cause (first observed failure):" block with "rank : 1 (local_rank: 1)" and
+# "exitcode : 1 (pid: 42)" lines; torchrun itself then exits 1, whatever the rank's code was.
+_ROOT_CAUSE = "Root Cause (first observed failure):"
+_SUMMARY_FIELD = re.compile(r"^\s*(rank|exitcode)\s*:\s*(.+?)\s*$")
+# torchrun's own traceback, printed before its summary: the rank's error lines precede it.
+_TORCHRUN_TRACEBACK = "Traceback (most recent call last):"  # its first line
+
+
+def torchrun_root_cause(lines: Sequence[str], markers: Sequence[str]) -> str | None:
+    """'rank R (local_rank: L) exited with code C: <the rank's last error line>' from
+    torchrun's failure summary, or None where the lines hold none."""
+    starts = [index for index, line in enumerate(lines) if _ROOT_CAUSE in line]
+    if not starts:
         return None
+    fields: dict[str, str] = {}
+    for line in lines[starts[-1] + 1 :]:
+        match = _SUMMARY_FIELD.match(line)
+        if match:
+            fields.setdefault(match.group(1), match.group(2))
+    if "rank" not in fields:
+        return None
+    code = fields.get("exitcode", "?").split()[0]
+    summary = f"rank {fields['rank']} exited with code {code}"
+    # torch prefixes an uncaught exception's lines in a rank with "[rank<R>]: ".
+    rank_prefix = f"[rank{fields['rank'].split()[0]}]:"
+    rank_error = _last_marked(
+        (
+            line.removeprefix(rank_prefix).strip()
+            for line in lines[: starts[-1]]
+            if line.startswith(rank_prefix)
+        ),
+        markers,
+    )
+    if rank_error is None:
+        # Otherwise the last error line before torchrun's own traceback.
+        tracebacks = [
+            index for index, line in enumerate(lines[: starts[-1]]) if _TORCHRUN_TRACEBACK in line
+        ]
+        rank_error = _last_marked(lines[: tracebacks[-1]] if tracebacks else (), markers)
+    return f"{summary}: {rank_error}" if rank_error else summary
 
 
 class _ChildProcess:

@@ -25,6 +25,7 @@ MPI_BACKEND = "mpi"
 PER_HOST_BACKEND = "per_host"
 MULTI_WORKER_MIRRORED_BACKEND = "multi_worker_mirrored"
 PARAMETER_SERVER_BACKEND = "parameter_server"
+TORCH_DISTRIBUTED_BACKEND = "torch_distributed"
 
 # --------------------------------------------------------------------------------------------
 # Exit codes

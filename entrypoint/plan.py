@@ -51,6 +51,13 @@ _RSH_ARGS = (
     "-o ConnectTimeout=10 -o ConnectionAttempts=3 -o ServerAliveInterval=2 -o ServerAliveCountMax=3"
 )
 
+# torchrun's static rendezvous: the master host's torchrun serves its TCPStore on this port.
+# torchrun's own default, and clear of every other port the entry point uses: 22 (sshd),
+# coordination.CHANNEL_PORT (22000) and tf_config.DEFAULT_PORTS (2222-2224).
+TORCHRUN_MASTER_PORT = 29500
+# How often torchrun looks at its ranks: a rank's exit ends torchrun's part within this.
+_TORCHRUN_MONITOR_INTERVAL_S = "0.5"
+
 # Variables forwarded to every rank: exact names, then prefixes.
 _FORWARD_NAMES = frozenset(
     {
@@ -285,6 +292,33 @@ def program_launch(shape: JobShape, env: Mapping[str, str]) -> ProcessesLaunch:
     return ProcessesLaunch((program,), VerdictRule.EVERY_HOST)
 
 
+def torchrun_argv(shape: JobShape) -> list[str]:
+    """This host's torchrun: a static rendezvous at the master (node rank = the host's place in
+    the sorted host list, as SM_HOSTS orders it), no restarts (a failure is the job's, decided
+    over the channel), and the program's whole command line (`--no-python`), so a .py, a .sh
+    and an executable run alike."""
+    return [
+        "torchrun",
+        "--nnodes", str(len(shape.hosts)),
+        "--nproc-per-node", str(shape.ranks_per_host),
+        "--node-rank", str(shape.hosts.index(shape.current_host)),
+        "--rdzv-backend", "static",
+        "--master-addr", shape.master_host,
+        "--master-port", str(TORCHRUN_MASTER_PORT),
+        "--max-restarts", "0",
+        "--monitor-interval", _TORCHRUN_MONITOR_INTERVAL_S,
+        "--no-python",
+        *shape.program_argv,
+    ]  # fmt: skip
+
+
+def torchrun_launch(shape: JobShape, env: Mapping[str, str]) -> ProcessesLaunch:
+    """Backend.TORCH_DISTRIBUTED: torchrun on every host starts and watches this host's ranks;
+    every host reports torchrun's exit and any failure fails the job."""
+    process = HostProcess(tuple(torchrun_argv(shape)), env, shape.working_dir)
+    return ProcessesLaunch((process,), VerdictRule.EVERY_HOST)
+
+
 def tf_config_launch(shape: JobShape, env: Mapping[str, str]) -> ProcessesLaunch:
     """tf.distribute's strategies: this host's tasks, each with its own TF_CONFIG."""
     layout = _TF_LAYOUTS[shape.backend]
@@ -327,6 +361,9 @@ def make_plan(
             ranks, build = ranks_per_host(requested, gpu_count), mpi_launch
         case Backend.PER_HOST:
             ranks, build = ranks_per_host(requested, gpu_count), program_launch
+        case Backend.TORCH_DISTRIBUTED:
+            # --nproc-per-node: one rank per GPU, else ranks_per_host (default 1).
+            ranks, build = ranks_per_host(requested, gpu_count), torchrun_launch
         case Backend.MULTI_WORKER_MIRRORED | Backend.PARAMETER_SERVER:
             # A strategy drives every local GPU from one process per task.
             ranks, build = 1, tf_config_launch
@@ -424,6 +461,8 @@ def rank_environment(
     env.update(sagemaker_env)
     interface = plan.network_interface_name
     env.setdefault("NCCL_SOCKET_IFNAME", interface)
+    # torch.distributed's gloo (torchrun, or a torch script under mpirun) on the same interface.
+    env.setdefault("GLOO_SOCKET_IFNAME", interface)
     env.setdefault("HOROVOD_GLOO_IFACE", interface)
     for name, value in _HOROVOD_DEFAULTS.items():
         env.setdefault(name, value)

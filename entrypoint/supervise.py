@@ -444,6 +444,8 @@ def _supervise_worker(
             part.end()
             raise JobError(Reason.MASTER_LOST, channel.lost)
         if not started and channel.started and not stop.is_set():
+            # This host's own command (torchrun's --node-rank differs from the master's).
+            log.info("running: %s", format_command(list(plan.command)))
             part.start()
             started = True
         code = part.poll()

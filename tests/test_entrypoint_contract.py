@@ -15,6 +15,7 @@ from entrypoint.contract import (
     ContractPaths,
     EntrypointSettings,
     UserScript,
+    check_backend_fits,
     choose_master,
     parse_contract,
     parse_custom_mpi_options,
@@ -298,11 +299,13 @@ _USE_MPI = "use distribution={'mpi': {'enabled': True}} with a Horovod script"
     ("name", "message"),
     [
         ("sagemaker_torch_distributed_enabled",
-         "hyperparameter sagemaker_torch_distributed_enabled=true: torch_distributed (torchrun) "
-         f"needs PyTorch, which this TensorFlow image lacks: {_USE_MPI}"),
+         "hyperparameter sagemaker_torch_distributed_enabled=true: torchrun needs PyTorch, which "
+         "this TensorFlow image lacks: use the torch image (make build FLAVOR=torch or "
+         "torch-cpu)"),
         ("sagemaker_pytorch_ddp_enabled",
-         "hyperparameter sagemaker_pytorch_ddp_enabled=true: pytorchddp needs PyTorch, which "
-         f"this TensorFlow image lacks: {_USE_MPI}"),
+         "hyperparameter sagemaker_pytorch_ddp_enabled=true: pytorchddp is SageMaker's "
+         "data-parallel library (smdistributed), only in AWS's own images: use "
+         "distribution={'torch_distributed': {'enabled': True}} (torchrun) with the torch image"),
         ("sagemaker_pytorch_xla_multi_worker_enabled",
          "hyperparameter sagemaker_pytorch_xla_multi_worker_enabled=true: pytorchxla needs "
          f"PyTorch/XLA, which this TensorFlow image lacks: {_USE_MPI}"),
@@ -349,3 +352,53 @@ def test_toolkit_hyperparameter_errors_are_one_line(hyperparameters, message):
     text = str(raised.value)
     assert text.startswith(f"{Path('/opt/ml/input/config/hyperparameters.json')}: {message}")
     assert "\n" not in text
+
+
+_TORCH_IMAGE = {"SM_IMAGE_FLAVOR": "torch-cpu", "SAGEMAKER_PROGRAM": "train.py"}
+
+
+@pytest.mark.parametrize("flavor", ["torch", "torch-cpu"])
+def test_torch_distributed_selects_torchrun_in_the_torch_image(flavor):
+    contract = parse(
+        hyperparameters={"sagemaker_torch_distributed_enabled": "true"},
+        env={**_TORCH_IMAGE, "SM_IMAGE_FLAVOR": flavor},
+    )
+    assert contract.settings.backend is Backend.TORCH_DISTRIBUTED
+
+
+@pytest.mark.parametrize(
+    ("other", "message"),
+    [
+        ("sagemaker_mpi_enabled",
+         "hyperparameters sagemaker_torch_distributed_enabled=true and sagemaker_mpi_enabled=true: "
+         "torchrun and that distribution cannot both run the job; choose one"),
+        ("sagemaker_multi_worker_mirrored_strategy_enabled",
+         "hyperparameters sagemaker_torch_distributed_enabled=true and "
+         "sagemaker_multi_worker_mirrored_strategy_enabled=true: torchrun and that distribution "
+         "cannot both run the job; choose one"),
+        ("sagemaker_distributed_dataparallel_enabled",
+         "hyperparameters sagemaker_torch_distributed_enabled=true and "
+         "sagemaker_distributed_dataparallel_enabled=true: torchrun and that distribution "
+         "cannot both run the job; choose one"),
+    ],
+)  # fmt: skip
+def test_torch_distributed_refuses_a_second_distribution(other, message):
+    with pytest.raises(ContractError) as raised:
+        parse(
+            hyperparameters={"sagemaker_torch_distributed_enabled": "true", other: "true"},
+            env=_TORCH_IMAGE,
+        )
+    assert str(raised.value) == f"{Path('/opt/ml/input/config/hyperparameters.json')}: {message}"
+
+
+def test_torch_distributed_refuses_the_builtin_model():
+    # The launcher checks the same (it knows no image): the torch image itself says so first.
+    with pytest.raises(
+        ContractError, match=r"^sagemaker_torch_distributed_enabled=true: the built-in"
+    ):
+        check_backend_fits(Backend.TORCH_DISTRIBUTED, 2, builtin_program=True)
+    with pytest.raises(ContractError, match="the built-in model is TensorFlow, not in the torch"):
+        parse(
+            hyperparameters={"sagemaker_torch_distributed_enabled": "true"},
+            env={"SM_IMAGE_FLAVOR": "torch-cpu"},
+        )

@@ -8,7 +8,15 @@ from pathlib import Path
 import pytest
 
 from entrypoint.contract import ContractError, parse_contract
-from entrypoint.launchers import MpirunPart, OrtedPart, ProgramPart, TaskGroupPart, local_part
+from entrypoint.launchers import (
+    MpirunPart,
+    OrtedPart,
+    OutputTail,
+    ProgramPart,
+    TaskGroupPart,
+    local_part,
+    torchrun_root_cause,
+)
 from entrypoint.plan import (
     HostProcess,
     MpiLaunch,
@@ -22,17 +30,19 @@ from entrypoint.plan import (
     rank_environment,
     ranks_per_host,
     sagemaker_environment,
+    torchrun_argv,
 )
 
 
 def contract(hosts=("algo-1", "algo-2"), current="algo-1", hyperparameters=None, channels=None):
+    # The torch image's flavor: torch_distributed runs only there; the others do not read it.
     return parse_contract(
         resource_config_text=json.dumps(
             {"current_host": current, "hosts": list(hosts), "network_interface_name": "eth1"}
         ),
         hyperparameters_text=json.dumps(hyperparameters or {"epochs": "2"}),
         input_data_config_text=json.dumps(channels or {"train": {}}),
-        env={},
+        env={"SM_IMAGE_FLAVOR": "torch-cpu"} if TORCH in (hyperparameters or {}) else {},
     )
 
 
@@ -206,6 +216,7 @@ def test_processes_per_host_overrides_the_gpu_count():
 
 MWMS = "sagemaker_multi_worker_mirrored_strategy_enabled"
 PS = "sagemaker_parameter_server_enabled"
+TORCH = "sagemaker_torch_distributed_enabled"
 SCRIPT = {"sagemaker_program": "train.py", "epochs": "2"}
 PROGRAM = ("python", "train.py", "--epochs", "2")
 
@@ -231,8 +242,14 @@ PROGRAM = ("python", "train.py", "--epochs", "2")
         ({PS: "true"}, "algo-2",
          (ProcessesLaunch, False, False, True, True, VerdictRule.CHIEF, 1, None,
           (("worker:1", "[worker:1] "), ("ps:1", "[ps:1] ")))),
+        ({TORCH: "true"}, "algo-2",
+         (ProcessesLaunch, False, False, True, True, VerdictRule.EVERY_HOST, 8, None,
+          ((None, ""),))),
     ],
-    ids=["mpi-ssh", "mpi-channel", "per-host", "mwms", "ps-master", "ps-worker"],
+    ids=[
+        "mpi-ssh", "mpi-channel", "per-host", "mwms", "ps-master", "ps-worker",
+        "torch-distributed",
+    ],
 )  # fmt: skip
 def test_make_plan_chooses_one_launch_per_backend(hyperparameters, current, expected):
     kind, sshd, ssh_check, reports, on_start, verdict, ranks, chief, processes = expected
@@ -261,11 +278,13 @@ def test_make_plan_chooses_one_launch_per_backend(hyperparameters, current, expe
         assert plan.command == launch.argv
         assert launch.env == plan.environment
         return
-    assert plan.command == PROGRAM
+    # torchrun runs the program (its exact argv: test_torchrun_argv_is_exact).
+    program = tuple(torchrun_argv(plan)) if TORCH in hyperparameters else PROGRAM
+    assert plan.command == program
     assert launch.chief_task == chief
     assert tuple((process.task, process.prefix) for process in launch.processes) == processes
     for process in launch.processes:
-        assert process.argv == PROGRAM
+        assert process.argv == program
         assert process.working_dir == Path("/opt/ml/code")
         if process.task is not None:
             assert json.loads(process.env["TF_CONFIG"])["task"]["type"] in process.task
@@ -286,6 +305,46 @@ def test_local_part_follows_the_launch():
     assert type(part({"sagemaker_mpi_enabled": "false"})) is ProgramPart
     assert type(part({MWMS: "true"})) is TaskGroupPart
     assert type(part({PS: "true"}, current="algo-2")) is TaskGroupPart
+    assert type(part({TORCH: "true"}, current="algo-2")) is ProgramPart
+
+
+@pytest.mark.parametrize(
+    ("current", "ranks", "program", "expected_tail"),
+    [
+        ("algo-1", None, "train.py", ("--node-rank", "0", "python", "train.py", "--epochs", "2")),
+        ("algo-3", "4", "train.py", ("--node-rank", "2", "python", "train.py", "--epochs", "2")),
+        ("algo-2", None, "run.sh", ("--node-rank", "1", "/bin/sh", "run.sh", "--epochs", "2")),
+    ],
+)  # fmt: skip
+def test_torchrun_argv_is_exact(current, ranks, program, expected_tail):
+    hyperparameters = {TORCH: "true", "sagemaker_program": program, "epochs": "2"}
+    if ranks:
+        hyperparameters["ranks_per_host"] = ranks
+    plan = make_plan(
+        contract(hosts=("algo-2", "algo-3", "algo-1"), current=current,
+                 hyperparameters=hyperparameters),
+        gpu_count=0,
+    )  # fmt: skip
+    node_rank, rank, *program_argv = expected_tail
+    assert torchrun_argv(plan) == [
+        "torchrun", "--nnodes", "3", "--nproc-per-node", ranks or "1",
+        node_rank, rank,
+        "--rdzv-backend", "static", "--master-addr", "algo-1", "--master-port", "29500",
+        "--max-restarts", "0", "--monitor-interval", "0.5", "--no-python",
+        *program_argv,
+    ]  # fmt: skip
+    (process,) = plan.launch.processes
+    assert process.working_dir == Path("/opt/ml/code")
+    # torch.distributed's sockets on the contract's interface, SM_* per host on every rank.
+    assert process.env["GLOO_SOCKET_IFNAME"] == process.env["NCCL_SOCKET_IFNAME"] == "eth1"
+    assert process.env["SM_CURRENT_HOST"] == current
+    assert json.loads(process.env["SM_HOSTS"]) == ["algo-1", "algo-2", "algo-3"]
+
+
+def test_torchrun_uses_one_rank_per_gpu():
+    plan = make_plan(contract(hyperparameters={**SCRIPT, TORCH: "true"}), gpu_count=8)
+    argv = torchrun_argv(plan)
+    assert argv[argv.index("--nproc-per-node") + 1] == "8"
 
 
 def test_a_processes_launch_refuses_what_its_loops_cannot_obey():
@@ -294,3 +353,54 @@ def test_a_processes_launch_refuses_what_its_loops_cannot_obey():
         ProcessesLaunch(())
     with pytest.raises(ValueError, match="cannot decide"):
         ProcessesLaunch((program,), VerdictRule.MASTER_PART)
+
+
+# torch 2.10's torchrun when rank 1 of 2 raises (measured; its traceback's frames left out).
+TORCHRUN_FAILURE = """\
+TORCH rank=1 size=2 sum=3 host=algo-1
+[rank1]: Traceback (most recent call last):
+[rank1]:   File "/p/torch_allreduce.py", line 26, in <module>
+[rank1]:     raise RuntimeError(f"failing on purpose on rank {rank}")
+[rank1]: RuntimeError: failing on purpose on rank 1
+[rank0]: Traceback (most recent call last):
+[rank0]: RuntimeError: [/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:547] Connection closed by peer [127.0.0.1]:11682
+W1123 06:33:38.178000 1 torch/distributed/elastic/multiprocessing/api.py:1010] Sending process 10 closing signal SIGTERM
+E1123 06:33:39.784000 1 torch/distributed/elastic/multiprocessing/api.py:984] failed (exitcode: 1) local_rank: 1 (pid: 11) of binary: python
+Traceback (most recent call last):
+  File "/opt/venv/bin/torchrun", line 8, in <module>
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+python FAILED
+------------------------------------------------------------
+Failures:
+[1]:
+  time      : 2026-11-23_06:33:39
+  host      : 8e8a821ca9ce
+  rank      : 0 (local_rank: 0)
+  exitcode  : -15 (pid: 10)
+  error_file: <N/A>
+  traceback : Signal 15 (SIGTERM) received by PID 10
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-23_06:33:38
+  host      : 8e8a821ca9ce
+  rank      : 1 (local_rank: 1)
+  exitcode  : 1 (pid: 11)
+  error_file: <N/A>
+  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html
+============================================================"""  # noqa: E501
+
+
+def test_a_torchrun_failure_names_the_root_cause_rank_and_its_error():
+    lines = tuple(TORCHRUN_FAILURE.splitlines())
+    assert torchrun_root_cause(lines, OutputTail._MARKERS) == (
+        "rank 1 (local_rank: 1) exited with code 1: RuntimeError: failing on purpose on rank 1"
+    )
+    # Without torch's [rank<R>]: prefix: the last error line before torchrun's traceback.
+    unprefixed = tuple(line.removeprefix("[rank1]: ") for line in lines if "[rank0]" not in line)
+    assert torchrun_root_cause(unprefixed, OutputTail._MARKERS) == (
+        "rank 1 (local_rank: 1) exited with code 1: RuntimeError: failing on purpose on rank 1"
+    )
+    # Output without torchrun's summary: not torchrun's failure.
+    assert torchrun_root_cause(lines[:5], OutputTail._MARKERS) is None

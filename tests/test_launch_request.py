@@ -490,7 +490,27 @@ INVALID: dict[str, tuple[dict[str, Any], str]] = {
         "sagemaker_multi_worker_mirrored_strategy_enabled; parameter servers need your own "
         "script (sagemaker_program)",
     ),
+    "torchrun-with-the-built-in-model": (
+        {
+            "hyperparameters": (("sagemaker_torch_distributed_enabled", "true"),),
+            "instance_count": 2,
+        },
+        "sagemaker_torch_distributed_enabled=true: the built-in model is TensorFlow; torchrun "
+        "runs your own script (sagemaker_program)",
+    ),
 }
+
+
+def test_torchrun_with_a_script_is_accepted() -> None:
+    # The launcher cannot know the image: the entry point refuses torchrun in a TensorFlow one.
+    config = dataclasses.replace(
+        BASE,
+        hyperparameters=(("sagemaker_torch_distributed_enabled", "true"),),
+        source=rq.SourceBundle("train.py", "s3://b/s.tar.gz"),
+        instance_count=2,
+    )
+    request = rq.build_request(config, instance_types=training_instance_types())
+    assert request["HyperParameters"]["sagemaker_torch_distributed_enabled"] == "true"
 
 
 @pytest.mark.parametrize("case", sorted(INVALID))
