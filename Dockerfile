@@ -297,12 +297,15 @@ RUN --mount=type=bind,from=torch-build,source=/wheels,target=/wheels \
 
 COPY docker/docker-entrypoint.sh /usr/local/bin/docker-entrypoint.sh
 
-# This repository's code, last. model/ and serve/ come with the package (model.hparams is the
-# entry point's hyperparameter check); `serve` and the built-in model refuse to run here.
+# This repository's code, last: the whole package, as in the TensorFlow image (model.hparams is
+# the entry point's hyperparameter check, tf_s3.model_dir its model_dir check); `serve` and the
+# built-in model refuse to run here, and no .pth hook loads tf_s3's TensorFlow plugin.
 COPY pyproject.toml /opt/src/
 COPY entrypoint /opt/src/entrypoint
 COPY model /opt/src/model
 COPY serve /opt/src/serve
+COPY smdistributed /opt/src/smdistributed
+COPY tf_s3 /opt/src/tf_s3
 RUN set -eux; \
 # sagemaker-training installs its own `train` script; ours replaces it.
     rm -f /opt/venv/bin/train; \
