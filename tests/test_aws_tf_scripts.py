@@ -17,9 +17,8 @@ from harness.digits import make_digits
 from tests.s3server import CLIENT_ENV, S3Server
 from tests.test_sdk_local import (  # the SDK tests' fixtures, shared
     FAKE_ROLE,
-    NO_TELEMETRY,
-    REGION,
     container_root,  # noqa: F401 (used through usefixtures)
+    local_session,
     outside_connections,
     sdk_environment,  # noqa: F401
 )
@@ -195,17 +194,12 @@ def test_estimator_with_parameter_servers_writes_its_shards_to_s3(s3_cluster):
 def test_the_sdk_launches_the_tutorial_with_the_data_parallel_distribution(
     image, tmp_path, digits28, capfd
 ):
-    import boto3  # noqa: PLC0415 - after the fake credentials are in place
-    from sagemaker.local import LocalSession  # noqa: PLC0415
-    from sagemaker.tensorflow import TensorFlow  # noqa: PLC0415
+    from sagemaker.tensorflow import TensorFlow  # noqa: PLC0415 - after the fake credentials
 
     output = tmp_path / "output"
     output.mkdir()
     with outside_connections() as attempts:
-        session = LocalSession(
-            boto_session=boto3.Session(region_name=REGION), sagemaker_config=NO_TELEMETRY
-        )
-        session.config = {"local": {"local_code": True, "container_root": str(tmp_path / "sdk")}}
+        session = local_session(tmp_path / "sdk")
         estimator = TensorFlow(
             entry_point="train.py",
             source_dir=str(SMDDP_DIR),
