@@ -144,7 +144,7 @@ test: setup venv venv-sdk3 ## Run every test: unit tests, then the cluster tests
 	$(MAKE) build FLAVOR=cpu DOCKER=$(DOCKER)
 	$(MAKE) build FLAVOR=torch-cpu DOCKER=$(DOCKER)
 	SM_IMAGE=$(IMAGE):cpu SM_TORCH_IMAGE=$(IMAGE):torch-cpu DOCKER=$(DOCKER) \
-	    SDK3_PYTHON=$(SDK3_VENV)/bin/python $(PY) -m pytest $(PYTEST_ARGS)
+	    SDK3_PYTHON=$(abspath $(SDK3_VENV))/bin/python $(PY) -m pytest $(PYTEST_ARGS)
 
 .PHONY: test-unit
 test-unit: venv ## Run the unit tests only (no Docker)
