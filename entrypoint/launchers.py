@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import logging
 import os
 import re
@@ -51,8 +52,17 @@ class LocalPart(Protocol):
     def end(self) -> None:
         """End whatever is left of the part: SIGTERM, then SIGKILL to the whole tree."""
 
-    def failure_detail(self) -> str | None:
+    def failure_detail(self) -> ErrorLine | None:
         """The last error line the part printed, for the failure file."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ErrorLine:
+    """The last error a part printed, and the host it came from where that is not this one
+    (a rank that mpirun ran on a worker)."""
+
+    text: str
+    host: str | None = None
 
 
 # --------------------------------------------------------------------------------------------
@@ -141,6 +151,21 @@ def _last_marked(lines: Iterable[str], markers: Sequence[str]) -> str | None:
     return None
 
 
+# mpirun --tag-output's prefix on every line a rank prints: "[<jobid>,<rank>]<stream>:".
+_MPI_OUTPUT_TAG = re.compile(r"^\[\d+,(\d+)\]<(?:stdout|stderr|stddiag)>:\s*(.*)$")
+
+
+def mpi_rank_error(line: str, rank_hosts: Sequence[str]) -> ErrorLine:
+    """An error line mpirun printed, its tag read: 'rank R: <the line>' on the rank's host
+    where `rank_hosts` (index = rank) knows it; mpirun's own lines as they are."""
+    match = _MPI_OUTPUT_TAG.match(line)
+    if match is None:
+        return ErrorLine(line)
+    rank, text = int(match.group(1)), match.group(2).strip()
+    host = rank_hosts[rank] if rank < len(rank_hosts) else None
+    return ErrorLine(f"rank {rank}: {text}", host)
+
+
 # torchrun's summary of a failed run (torch/distributed/elastic/multiprocessing/errors): a
 # "Root Cause (first observed failure):" block with "rank : 1 (local_rank: 1)" and
 # "exitcode : 1 (pid: 42)" lines; torchrun itself then exits 1, whatever the rank's code was.
@@ -223,8 +248,9 @@ class _ChildProcess:
         if self._process is not None:
             terminate(self._process)
 
-    def failure_detail(self) -> str | None:
-        return self._tail.error_line() if self._tail else None
+    def failure_detail(self) -> ErrorLine | None:
+        line = self._tail.error_line() if self._tail else None
+        return ErrorLine(line) if line else None
 
     def psutil_process(self) -> psutil.Process | None:
         if self._process is None or self._process.poll() is not None:
@@ -241,6 +267,16 @@ class _ChildProcess:
 class MpirunPart(_ChildProcess):
     """The master's MPI part: mpirun, which starts every rank (over ssh on the workers) and
     whose exit code is the job's."""
+
+    def __init__(
+        self, argv: Sequence[str], env: Mapping[str, str], rank_hosts: Sequence[str] = ()
+    ) -> None:
+        super().__init__(argv, env, None)
+        self._rank_hosts = tuple(rank_hosts)
+
+    def failure_detail(self) -> ErrorLine | None:
+        detail = super().failure_detail()
+        return mpi_rank_error(detail.text, self._rank_hosts) if detail else None
 
     def forward_sigterm(self, grace_s: float) -> None:
         log.info("SIGTERM: forwarding to the local ranks; %.0f s to checkpoint and exit", grace_s)
@@ -265,7 +301,7 @@ class OrtedPart:
     def end(self) -> None:
         kill_trees(orted_processes())
 
-    def failure_detail(self) -> str | None:
+    def failure_detail(self) -> ErrorLine | None:
         return None
 
 
@@ -347,11 +383,11 @@ class TaskGroupPart:
         for task in self._tasks.values():
             task.end()
 
-    def failure_detail(self) -> str | None:
+    def failure_detail(self) -> ErrorLine | None:
         if self._failed is None:
             return None
         detail = self._tasks[self._failed].failure_detail()
-        return f"task {self._failed}" + (f": {detail}" if detail else "")
+        return ErrorLine(f"task {self._failed}" + (f": {detail.text}" if detail else ""))
 
 
 # --------------------------------------------------------------------------------------------
@@ -361,8 +397,8 @@ class TaskGroupPart:
 def local_part(launch: Launch, *, is_master: bool) -> LocalPart:
     """This host's part of the job."""
     match launch:
-        case MpiLaunch(argv=argv, env=env):
-            return MpirunPart(argv, env, None) if is_master else OrtedPart()
+        case MpiLaunch(argv=argv, env=env, rank_hosts=rank_hosts):
+            return MpirunPart(argv, env, rank_hosts) if is_master else OrtedPart()
         case ProcessesLaunch(processes=(HostProcess(task=None) as program,)):
             return ProgramPart(program.argv, program.env, program.working_dir)
         case ProcessesLaunch(processes=processes, chief_task=chief):

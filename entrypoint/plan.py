@@ -131,6 +131,8 @@ class JobShape:
     custom_mpi_options: tuple[str, ...] = ()
     # How mpirun reaches the workers (Backend.MPI only).
     remote_shell: RemoteShell = RemoteShell.SSH
+    # The interpreter program_argv starts a Python program with.
+    python: str = "python"
 
     @property
     def is_master(self) -> bool:
@@ -176,6 +178,8 @@ class MpiLaunch:
     argv: tuple[str, ...]
     env: Mapping[str, str]
     remote_shell: RemoteShell = RemoteShell.SSH
+    # The host of each rank (index = rank), for failure lines; () where unknown (mpi_rank_hosts).
+    rank_hosts: tuple[str, ...] = ()
 
     worker_reports_exit: ClassVar[bool] = False
     worker_starts_on_start: ClassVar[bool] = False
@@ -283,7 +287,9 @@ LaunchBuilder = Callable[[JobShape, Mapping[str, str]], Launch]
 def mpi_launch(shape: JobShape, env: Mapping[str, str]) -> MpiLaunch:
     """Backend.MPI: one mpirun over every host."""
     argv = tuple(build_mpirun_argv(shape, env))
-    return MpiLaunch(argv=argv, env=env, remote_shell=shape.remote_shell)
+    return MpiLaunch(
+        argv=argv, env=env, remote_shell=shape.remote_shell, rank_hosts=mpi_rank_hosts(shape)
+    )
 
 
 def program_launch(shape: JobShape, env: Mapping[str, str]) -> ProcessesLaunch:
@@ -381,6 +387,7 @@ def make_plan(
         backend=contract.settings.backend,
         custom_mpi_options=contract.settings.custom_mpi_options,
         remote_shell=RemoteShell(contract.settings.remote_shell),
+        python=python,
     )
     # The toolkit's SAGEMAKER_JOB_NAME, SAGEMAKER_REGION and SM_LOG_LEVEL reach the program.
     base = {**(env or {}), **contract.toolkit_environment}
@@ -492,8 +499,46 @@ def build_mpirun_argv(plan: JobShape, env: Mapping[str, str]) -> list[str]:
             argv += ["-x", name]
     # The user's options come last, where the toolkit puts them, so they can add to ours.
     argv += list(plan.custom_mpi_options)
-    argv += list(plan.program_argv)
+    argv += list(mpi_program_argv(plan))
     return argv
+
+
+def mpi_program_argv(plan: JobShape) -> tuple[str, ...]:
+    """What mpirun starts on every rank. A Python program runs as `python -m mpi4py ...`, as
+    the toolkit runs it (sagemaker_training/mpi.py, MasterRunner._python_command): a rank that
+    dies of an uncaught exception after initializing MPI through mpi4py then calls MPI_Abort,
+    which ends every rank, instead of waiting in MPI_Finalize for peers that wait for it in a
+    collective (a hang). A program that never imports mpi4py.MPI runs exactly as before."""
+    if plan.program_argv[:1] == (plan.python,):
+        return (plan.python, "-m", "mpi4py", *plan.program_argv[1:])
+    return plan.program_argv
+
+
+# mpirun options (and MCA parameters, by prefix) with which a user's custom_mpi_options may place
+# ranks other than our `-H host:slots` and `-map-by slot` do.
+_PLACEMENT_OPTIONS = frozenset(
+    {
+        "-H", "-host", "--host", "-hostfile", "--hostfile", "-machinefile", "--machinefile",
+        "-default-hostfile", "--default-hostfile", "-rf", "--rankfile",
+        "-map-by", "--map-by", "-rank-by", "--rank-by", "-ppr", "--ppr",
+        "-npernode", "--npernode", "-N", "-pernode", "--pernode",
+        "-npersocket", "--npersocket", "-bynode", "--bynode", "-byslot", "--byslot",
+        "-np", "--np", "-n", "-c", "-oversubscribe", "--oversubscribe",
+    }
+)  # fmt: skip
+_PLACEMENT_MCA_PREFIXES = ("rmaps", "orte_rankfile", "hwloc_base_binding", "ras")
+
+
+def mpi_rank_hosts(plan: JobShape) -> tuple[str, ...]:
+    """Which host each rank runs on (index = rank), as `-H host:R,...` with `-map-by slot`
+    places them: R ranks on the first host, then the next; () where the user's own mpirun
+    options may place them otherwise (a failure line then names the rank only)."""
+    for option in plan.custom_mpi_options:
+        if option.split("=", 1)[0] in _PLACEMENT_OPTIONS or option.startswith(
+            _PLACEMENT_MCA_PREFIXES
+        ):
+            return ()
+    return tuple(host for host in plan.hosts for _ in range(plan.ranks_per_host))
 
 
 def remote_shell_flags(remote_shell: RemoteShell, host_count: int) -> list[str]:

@@ -67,15 +67,19 @@ SSH_RETRY_S = 0.2
 class JobError(Exception):
     """A failure with a reason: written to the failure file, then the entry point exits."""
 
-    def __init__(self, reason: Reason, message: str, exit_code: int = 1) -> None:
+    def __init__(
+        self, reason: Reason, message: str, exit_code: int = 1, host: str | None = None
+    ) -> None:
         super().__init__(message)
         self.reason = reason
         self.message = message
         self.exit_code = exit_code
+        # Where it happened, when that is not this host (a rank mpirun ran on a worker).
+        self.host = host
 
     def failure_on(self, host: str) -> Failure:
-        """The failure as it happened on `host` (this one)."""
-        return Failure(self.reason, self.message, host)
+        """The failure as it happened on `host` (this one), unless it names another."""
+        return Failure(self.reason, self.message, self.host or host)
 
 
 class Clock:
@@ -248,8 +252,9 @@ def _part_failure(host: str, part: LocalPart, exit_code: int) -> Failure | None:
     detail = part.failure_detail()
     return Failure(
         Reason.TRAINING_FAILED,
-        f"the program exited with code {exit_code}" + (f"; last error: {detail}" if detail else ""),
-        host,
+        f"the program exited with code {exit_code}"
+        + (f"; last error: {detail.text}" if detail else ""),
+        detail.host or host if detail else host,
     )
 
 
@@ -257,8 +262,9 @@ def _mpirun_failure(part: LocalPart, exit_code: int) -> JobError:
     detail = part.failure_detail()
     return JobError(
         Reason.TRAINING_FAILED,
-        f"mpirun exited with code {exit_code}" + (f"; last error: {detail}" if detail else ""),
+        f"mpirun exited with code {exit_code}" + (f"; last error: {detail.text}" if detail else ""),
         exit_code,
+        detail.host if detail else None,
     )
 
 

@@ -56,9 +56,9 @@ def test_the_sdks_data_parallel_distribution_runs_under_mpirun():
     argv = build_mpirun_argv(plan, {"SM_MODEL_DIR": "/opt/ml/model"})
     assert argv[:2] == ["mpirun", "--allow-run-as-root"]
     # The options come last before the program, where the toolkit puts them.
-    assert argv[-8:] == [
+    assert argv[-10:] == [
         "-x", "HOROVOD_CYCLE_TIME=1", "-x", "NCCL_DEBUG=WARN",
-        "python", "train.py", "--model_dir", "s3://bucket/job/model",
+        "python", "-m", "mpi4py", "train.py", "--model_dir", "s3://bucket/job/model",
     ]  # fmt: skip
     assert "-np" in argv and argv[argv.index("-np") + 1] == "16"
 

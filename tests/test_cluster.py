@@ -162,6 +162,28 @@ def test_mpi_disabled_runs_once_per_host(make_cluster):
     assert "mpirun" not in cluster.logs("algo-1")
 
 
+def test_a_rank_raising_under_mpirun_is_named_with_its_host(make_cluster):
+    cluster = make_cluster(
+        2,
+        hyperparameters={
+            "sagemaker_program": "mpi_hello.py",
+            "ranks_per_host": "2",
+            "fail-rank": "3",
+            "host_wait_timeout": "60",
+        },
+        code_dir=PROGRAMS,
+    )
+    cluster.start()
+    codes = cluster.wait(timeout=90)
+    assert all(code not in (0, None) for code in codes.values()), cluster.describe()
+    # Ranks fill each host's slots in host order: rank 3 is algo-2's second.
+    expected = (
+        "TrainingFailed: mpirun exited with code 1; "
+        "last error: rank 3: RuntimeError: failing on purpose on rank 3 (on algo-2)"
+    )
+    assert [cluster.failure(host) for host in cluster.hosts] == [expected] * 2, cluster.describe()
+
+
 def test_mpi_disabled_one_host_failing_fails_every_host(make_cluster):
     cluster = make_cluster(
         3,

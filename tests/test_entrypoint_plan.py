@@ -9,12 +9,14 @@ import pytest
 
 from entrypoint.contract import ContractError, parse_contract
 from entrypoint.launchers import (
+    ErrorLine,
     MpirunPart,
     OrtedPart,
     OutputTail,
     ProgramPart,
     TaskGroupPart,
     local_part,
+    mpi_rank_error,
     torchrun_root_cause,
 )
 from entrypoint.plan import (
@@ -27,6 +29,7 @@ from entrypoint.plan import (
     format_command,
     is_exportable,
     make_plan,
+    mpi_rank_hosts,
     rank_environment,
     ranks_per_host,
     sagemaker_environment,
@@ -70,7 +73,8 @@ def test_mpirun_argv_over_ssh_is_exact():
         "-o ConnectTimeout=10 -o ConnectionAttempts=3 -o ServerAliveInterval=2 "
         "-o ServerAliveCountMax=3",
         "-x", "HOROVOD_FUSION_THRESHOLD", "-x", "PATH", "-x", "SM_MODEL_DIR",
-        "python", "-m", "model.train", "--epochs", "2",
+        # mpi4py's runner: an uncaught exception in a rank aborts the job (no hang).
+        "python", "-m", "mpi4py", "-m", "model.train", "--epochs", "2",
     ]  # fmt: skip
 
 
@@ -103,7 +107,7 @@ def test_user_script_runs_in_the_code_dir():
     assert argv[argv.index("-np") + 1] == "8"
     assert argv[argv.index("-H") + 1] == "algo-1:4,algo-2:4"
     assert argv[argv.index("-wdir") + 1] == "/opt/ml/code"
-    assert argv[-4:] == ["python", "train.py", "--lr", "0.1"]
+    assert argv[-6:] == ["python", "-m", "mpi4py", "train.py", "--lr", "0.1"]
 
 
 @pytest.mark.parametrize(
@@ -182,7 +186,7 @@ def test_launch_settings_by_host_count(host_count, flags):
     argv = build_mpirun_argv(plan, {})
     rsh_args = argv.index("plm_rsh_args") + 2
     assert argv[rsh_args : rsh_args + len(flags)] == flags
-    assert argv[rsh_args + len(flags)] == "python"
+    assert argv[rsh_args + len(flags) : rsh_args + len(flags) + 3] == ["python", "-m", "mpi4py"]
 
 
 def test_sdk_mpi_distribution_shapes_the_command():
@@ -200,9 +204,9 @@ def test_sdk_mpi_distribution_shapes_the_command():
     argv = build_mpirun_argv(plan, {"PATH": "/usr/bin", "SAGEMAKER_JOB_NAME": "j"})
     assert argv[argv.index("-np") + 1] == "4"
     assert argv[argv.index("-H") + 1] == "algo-1:2,algo-2:2"
-    assert argv[-11:] == [
+    assert argv[-13:] == [
         "-x", "SAGEMAKER_JOB_NAME", "-x", "HOROVOD_CYCLE_TIME=1", "--mca", "btl_tcp_links", "2",
-        "python", "train.py", "--model_dir", "/opt/ml/model",
+        "python", "-m", "mpi4py", "train.py", "--model_dir", "/opt/ml/model",
     ]  # fmt: skip
 
 
@@ -274,7 +278,7 @@ def test_make_plan_chooses_one_launch_per_backend(hyperparameters, current, expe
     assert plan.environment["HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"] == "300"
     if isinstance(launch, MpiLaunch):
         assert launch.argv == tuple(build_mpirun_argv(plan, plan.environment))
-        assert launch.argv[-4:] == PROGRAM
+        assert launch.argv[-6:] == ("python", "-m", "mpi4py", *PROGRAM[1:])
         assert plan.command == launch.argv
         assert launch.env == plan.environment
         return
@@ -404,3 +408,73 @@ def test_a_torchrun_failure_names_the_root_cause_rank_and_its_error():
     )
     # Output without torchrun's summary: not torchrun's failure.
     assert torchrun_root_cause(lines[:5], OutputTail._MARKERS) is None
+
+
+def test_only_a_python_program_runs_under_mpi4pys_runner():
+    sh = make_plan(contract(hyperparameters={"sagemaker_program": "run.sh"}), gpu_count=0)
+    assert build_mpirun_argv(sh, {})[-2:] == ["/bin/sh", "run.sh"]
+    binary = make_plan(contract(hyperparameters={"sagemaker_program": "a.out"}), gpu_count=0)
+    assert build_mpirun_argv(binary, {})[-1:] == ["/opt/ml/code/a.out"]
+    venv = make_plan(contract(hyperparameters=SCRIPT), gpu_count=0, python="/opt/venv/bin/python")
+    assert build_mpirun_argv(venv, {})[-6:] == [
+        "/opt/venv/bin/python", "-m", "mpi4py", "train.py", "--epochs", "2",
+    ]  # fmt: skip
+
+
+def test_mpi_ranks_fill_each_hosts_slots_in_host_order():
+    shape = make_plan(
+        contract(("algo-1", "algo-2", "algo-3"), hyperparameters={"ranks_per_host": "2"}),
+        gpu_count=0,
+    )
+    assert mpi_rank_hosts(shape) == ("algo-1", "algo-1", "algo-2", "algo-2", "algo-3", "algo-3")
+    launch = make_plan(contract(("algo-1", "algo-2")), gpu_count=0).launch
+    assert isinstance(launch, MpiLaunch)
+    assert launch.rank_hosts == ("algo-1", "algo-2")
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        "--map-by node",
+        "-map-by ppr:1:socket",
+        "--rankfile /opt/ml/code/ranks",
+        "-npernode 4",
+        "--oversubscribe -np 16",
+        "-mca rmaps_base_mapping_policy node",
+        "--host=algo-2:8,algo-1:8",
+    ],
+)
+def test_mpi_rank_hosts_are_unknown_when_the_user_places_ranks(options):
+    hyperparameters = {"sagemaker_mpi_custom_mpi_options": options}
+    shape = make_plan(contract(hyperparameters=hyperparameters), gpu_count=0)
+    assert mpi_rank_hosts(shape) == ()
+
+
+def test_other_user_mpi_options_keep_the_rank_hosts():
+    hyperparameters = {
+        "sagemaker_mpi_custom_mpi_options": "-x NCCL_DEBUG=INFO -mca btl_tcp_links 4"
+    }
+    shape = make_plan(contract(hyperparameters=hyperparameters), gpu_count=0)
+    assert mpi_rank_hosts(shape) == ("algo-1", "algo-2")
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        # mpirun --tag-output's prefix: the rank, and its host where the plan knows it.
+        (
+            "[1,2]<stderr>:RuntimeError: failing on purpose",
+            ErrorLine("rank 2: RuntimeError: failing on purpose", "algo-3"),
+        ),
+        ("[12345,0]<stdout>:  ValueError: bad", ErrorLine("rank 0: ValueError: bad", "algo-1")),
+        # A rank the plan does not place (the user's own options): the rank alone.
+        ("[1,7]<stderr>:Exception: x", ErrorLine("rank 7: Exception: x", None)),
+        # mpirun's own lines have no tag.
+        (
+            "ORTE was unable to reliably start one or more daemons.",
+            ErrorLine("ORTE was unable to reliably start one or more daemons."),
+        ),
+    ],
+)
+def test_an_mpi_error_line_names_the_rank_and_its_host(line, expected):
+    assert mpi_rank_error(line, ("algo-1", "algo-2", "algo-3")) == expected

@@ -18,7 +18,7 @@ import pytest
 from entrypoint import supervise
 from entrypoint.contract import parse_contract
 from entrypoint.failure import Failure, Reason
-from entrypoint.launchers import KILL_WAIT_S
+from entrypoint.launchers import KILL_WAIT_S, ErrorLine
 from entrypoint.plan import JobPlan, make_plan
 from entrypoint.protocol import Exited, Verdict
 
@@ -58,7 +58,7 @@ class FakePart:
     """A local part whose exit code the test sets."""
 
     code: int | None = None
-    detail: str | None = None
+    detail: ErrorLine | None = None
     started: bool = False
     ended: bool = False
     sigterms: list[float] = dataclasses.field(default_factory=list)
@@ -75,7 +75,7 @@ class FakePart:
     def end(self) -> None:
         self.ended = True
 
-    def failure_detail(self) -> str | None:
+    def failure_detail(self) -> ErrorLine | None:
         return self.detail
 
 
@@ -288,7 +288,7 @@ def test_mpirun_succeeding_is_the_jobs_success(config):
 def test_mpirun_failing_while_a_worker_is_silent_is_that_host_lost(config, clock):
     channel = FakeMasterChannel(silent={"algo-2": 0.2, "algo-3": 5.0})
     with pytest.raises(supervise.JobError) as error:
-        mpi_master(config, FakePart(code=1, detail="orted died"), channel)
+        mpi_master(config, FakePart(code=1, detail=ErrorLine("orted died")), channel)
     assert error.value.reason is Reason.HOST_LOST
     assert error.value.message == (
         "host algo-3 lost during training: nothing heard for 5 s, and mpirun exited with code 1"
@@ -310,11 +310,24 @@ def test_mpirun_failing_when_a_host_is_lost_meanwhile_names_that_host(config, cl
 def test_mpirun_failing_with_every_worker_heard_is_a_training_failure(config):
     channel = FakeMasterChannel(silent={"algo-2": 0.2, "algo-3": 1.0})
     with pytest.raises(supervise.JobError) as error:
-        mpi_master(config, FakePart(code=1, detail="ValueError: bad"), channel)
+        mpi_master(config, FakePart(code=1, detail=ErrorLine("ValueError: bad")), channel)
     assert (error.value.reason, error.value.message, error.value.exit_code) == (
         Reason.TRAINING_FAILED,
         "mpirun exited with code 1; last error: ValueError: bad",
         1,
+    )
+    assert error.value.failure_on("algo-1").line == (
+        "TrainingFailed: mpirun exited with code 1; last error: ValueError: bad (on algo-1)"
+    )
+
+
+def test_a_failing_rank_on_a_worker_is_that_workers_failure(config):
+    channel = FakeMasterChannel(silent={"algo-2": 0.2, "algo-3": 1.0})
+    detail = ErrorLine("rank 2: ValueError: bad", "algo-3")
+    with pytest.raises(supervise.JobError) as error:
+        mpi_master(config, FakePart(code=1, detail=detail), channel)
+    assert error.value.failure_on("algo-1").line == (
+        "TrainingFailed: mpirun exited with code 1; last error: rank 2: ValueError: bad (on algo-3)"
     )
 
 

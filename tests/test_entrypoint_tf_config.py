@@ -13,7 +13,7 @@ import pytest
 from entrypoint.contract import Backend, ContractError, parse_contract
 from entrypoint.coordination import CHANNEL_PORT
 from entrypoint.failure import STOPPED_EXIT_CODE, Failure, Reason
-from entrypoint.launchers import ProgramPart, TaskGroupPart
+from entrypoint.launchers import ErrorLine, ProgramPart, TaskGroupPart
 from entrypoint.plan import (
     BACKEND_ENV,
     MpiLaunch,
@@ -293,7 +293,7 @@ def test_a_task_failing_ends_the_group_and_is_named():
     part.start()
     try:
         assert _wait(part) == 1
-        assert part.failure_detail() == "task ps:1: ValueError: bad ps"
+        assert part.failure_detail() == ErrorLine("task ps:1: ValueError: bad ps")
     finally:
         part.end()
 
