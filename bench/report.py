@@ -645,6 +645,8 @@ def scale_markdown(results: ScaleResults) -> str:
     lines = [
         results.header,
         "",
+        "Goals are the channel launch's (our default) unless a row names the ssh launch.",
+        "",
         *_table(["Goal", "Target", "Measured", "Met"], goals),
         *_table(timing_header, _timing_rows(runs)),
         "Start after every host is up (s), by host count:",

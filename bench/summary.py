@@ -302,7 +302,7 @@ def scale_goals(runs: Sequence[OverheadRun], faults: Sequence[FaultRun]) -> list
     ]
     start_name = f"start overhead at {GOAL_HOSTS} hosts"
     start_target = f"<= {GOAL_START_S:.0f} s over bare mpirun"
-    if GOAL_HOSTS in ours:
+    if GOAL_HOSTS in ours and (ours[GOAL_HOSTS].error or GOAL_HOSTS in floor):
         start = minus(ours[GOAL_HOSTS].start_overhead_s, _start(floor.get(GOAL_HOSTS)))
         measured = f"+{fixed(start)} s"
         goals.append(
@@ -333,7 +333,7 @@ def scale_goals(runs: Sequence[OverheadRun], faults: Sequence[FaultRun]) -> list
                 f"max +{fixed(worst_end)} s",
                 worst_end is not None and worst_end <= GOAL_END_S,
             )
-            if ours
+            if any(hosts in floor for hosts in ours)
             else Goal(name, end_target, "not measured", None)
         )
     goals.append(_below_goal(ours, ssh, worker_mib, name="worker peak memory", unit=" MiB"))

@@ -183,6 +183,14 @@ def test_growth_at_one_count_is_not_measured() -> None:
     assert rows["start time after every host is up, ssh launch"] == ("needs two host counts", None)
 
 
+def test_goals_against_the_floor_are_not_measured_without_the_floor() -> None:
+    runs = [run for run in RUNS if run.launcher in {"ours", "ours-ssh"}]
+    rows = {g[0]: g[2:] for g in goals(runs, [])}
+    assert rows["end overhead (last container exited)"] == ("not measured", None)
+    assert rows["start overhead at 4 hosts"] == ("not measured", None)
+    assert rows["worker peak processes"] == ("4/64 hosts: 3/3 vs ssh 6/6", True)
+
+
 def test_growth_spans_the_smallest_to_the_largest_count_measured() -> None:
     by_hosts = {run.hosts: run for run in RUNS if run.launcher == "ours"} | {
         16: _run("ours", 16, 5.0, 0.3, start_after_up_s=4.0)
