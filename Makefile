@@ -179,7 +179,7 @@ train: venv ## Launch a SageMaker job from the image pushed at HEAD (ARGS="--ins
 # Benchmarks
 
 .PHONY: bench
-bench: venv ## Measure overhead, faults, allreduce, input pipeline; then 4-128 hosts (bench.scale)
+bench: venv ## Measure overhead, faults, allreduce, input pipeline; then 4-64 hosts (bench.scale)
 	$(PY) -m bench --image $(IMAGE):cpu --docker $(DOCKER) --out bench/results
 	DOCKER=$(DOCKER) $(PY) -m bench.scale --image $(IMAGE):cpu --out bench/results
 

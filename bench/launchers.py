@@ -1,6 +1,9 @@
-"""The three ways to start the same Horovod program on N containers.
+"""The ways to start the same Horovod program on N containers.
 
-- OURS: `docker run IMAGE train`, our entry point (entrypoint/main.py).
+- OURS: `docker run IMAGE train`, our entry point (entrypoint/main.py) with its default MPI
+  launch: mpirun's remote shell is our rsh agent over the coordination channel, no sshd.
+- OURS_SSH: the same with the hyperparameter `mpi_remote_shell=ssh`: sshd on every host, ssh
+  keys, a readiness ssh round, and mpirun starting orted over ssh.
 - TOOLKIT: the sagemaker-training toolkit's MPI runner (`sagemaker_mpi_enabled`), started as an
   AWS Deep Learning Container starts it (see workspace.STAND_IN).
 - MPIRUN: the floor; containers that only serve ssh, then a bare `mpirun` started by hand on the
@@ -17,6 +20,7 @@ from pathlib import Path
 
 from bench.containers import docker_exec, poll
 from bench.workspace import CODE_MOUNT, STAND_IN_PATH, Workspace
+from entrypoint.contract import MPI_REMOTE_SHELL
 from entrypoint.plan import large_cluster_flags
 from harness.cluster import Cluster
 
@@ -38,16 +42,36 @@ FLOOR_MPIRUN_FLAGS = (
 
 class Launcher(enum.StrEnum):
     OURS = "ours"
+    OURS_SSH = "ours-ssh"
     TOOLKIT = "toolkit"
     MPIRUN = "mpirun"
 
     @property
     def label(self) -> str:
         return {
-            Launcher.OURS: "our entry point",
+            Launcher.OURS: "our entry point, channel launch",
+            Launcher.OURS_SSH: "our entry point, ssh launch",
             Launcher.TOOLKIT: "sagemaker-training MPI runner",
             Launcher.MPIRUN: "bare mpirun (floor)",
         }[self]
+
+    @property
+    def is_ours(self) -> bool:
+        """Our entry point, whichever way its mpirun reaches the workers: it takes our
+        hyperparameters and logs our lines (exit, longest silence)."""
+        return self in (Launcher.OURS, Launcher.OURS_SSH)
+
+
+# Results files (results.json, scale.json) say which names their launchers have. Before
+# version 2 our entry point had no channel launch: its "ours" was the ssh launch.
+LAUNCHER_NAMES_VERSION = 2
+
+
+def launcher_named(name: str, names_version: int) -> str:
+    """A launcher name from a results file of `names_version`, in today's names."""
+    if names_version < 2 and name == Launcher.OURS.value:
+        return Launcher.OURS_SSH.value
+    return name
 
 
 def host_names(count: int) -> tuple[str, ...]:
@@ -63,7 +87,10 @@ def program_hyperparameters(launcher: Launcher, program: str) -> dict[str, str]:
             "sagemaker_mpi_enabled": "true",
             "sagemaker_mpi_num_of_processes_per_host": "1",
         }
-    return {"sagemaker_program": program, "host_wait_timeout": "120"}
+    ours = {"sagemaker_program": program, "host_wait_timeout": "120"}
+    if launcher is Launcher.OURS_SSH:
+        return ours | {MPI_REMOTE_SHELL: "ssh"}
+    return ours
 
 
 def make_cluster(

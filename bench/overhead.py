@@ -46,8 +46,12 @@ class HostCost:
     """What one container cost over a job, from its cgroup (bench.scale samples it)."""
 
     peak_mib: float | None
+    # The pids counter's peak: tasks, that is processes and their threads.
     peak_processes: int | None
     cpu_s: float | None
+    # The processes alone (their command names, sorted) when there were the most of them; empty
+    # in results measured before they were sampled.
+    peak_process_names: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)

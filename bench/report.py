@@ -4,6 +4,7 @@ launcher). `python -m bench.scale`: scale.json, scale.md and scale.png (4 to 128
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 from collections.abc import Sequence
@@ -18,7 +19,7 @@ from matplotlib.ticker import FuncFormatter, NullFormatter, ScalarFormatter
 from bench.accuracy import AccuracyResult, AccuracyRun
 from bench.bandwidth import AllreducePoint, BandwidthResult
 from bench.image import ImageResult
-from bench.launchers import Launcher
+from bench.launchers import LAUNCHER_NAMES_VERSION, Launcher, launcher_named
 from bench.machine import Machine
 from bench.overhead import FaultRun, HostCost, OverheadRun, RankTimes
 from bench.pipeline import PipelineRate, PipelineResult
@@ -30,13 +31,19 @@ from bench.summary import (
     OverheadSummary,
     evaluate_goals,
     fixed,
+    growth,
     minus,
     scale_goals,
     summarize_faults,
     summarize_overhead,
 )
 
-COLORS = {Launcher.OURS: "#1b9e77", Launcher.TOOLKIT: "#d95f02", Launcher.MPIRUN: "#7570b3"}
+COLORS = {
+    Launcher.OURS: "#1b9e77",
+    Launcher.OURS_SSH: "#66a61e",
+    Launcher.TOOLKIT: "#d95f02",
+    Launcher.MPIRUN: "#7570b3",
+}
 # Ranges wider than this get a log axis.
 LOG_SCALE_RANGE = 10.0
 # Where the bars of a log axis start.
@@ -74,6 +81,7 @@ class Results:
 
 def to_json(results: Results) -> str:
     document = dataclasses.asdict(results)
+    document["launcher_names"] = LAUNCHER_NAMES_VERSION
     document["summary"] = {
         "overhead": [dataclasses.asdict(s) for s in results.overhead],
         "faults": [dataclasses.asdict(s) for s in results.faults],
@@ -385,19 +393,27 @@ def plot_overhead(results: Results, path: Path) -> None:
     plt.close(figure)
 
 
-def _overhead_run(raw: dict) -> OverheadRun:
-    costs = {key: HostCost(**raw[key]) for key in ("master", "worker") if raw.get(key)}
+def _host_cost(raw: dict) -> HostCost:
+    return HostCost(**{**raw, "peak_process_names": tuple(raw.get("peak_process_names", ()))})
+
+
+def _overhead_run(raw: dict, names_version: int) -> OverheadRun:
+    costs = {key: _host_cost(raw[key]) for key in ("master", "worker") if raw.get(key)}
     ranks = tuple(RankTimes(**r) for r in raw.get("ranks", ()))
-    return OverheadRun(**{**raw, "ranks": ranks, **costs})
+    launcher = launcher_named(raw["launcher"], names_version)
+    return OverheadRun(**{**raw, "launcher": launcher, "ranks": ranks, **costs})
 
 
-def _fault_run(raw: dict) -> FaultRun:
-    return FaultRun(**{**raw, "failure_lines": tuple(raw.get("failure_lines", ()))})
+def _fault_run(raw: dict, names_version: int) -> FaultRun:
+    launcher = launcher_named(raw["launcher"], names_version)
+    lines = tuple(raw.get("failure_lines", ()))
+    return FaultRun(**{**raw, "launcher": launcher, "failure_lines": lines})
 
 
 def load_results(path: Path) -> Results:
     """Results back from a results.json, to re-render the report without measuring again."""
     raw = json.loads(path.read_text())
+    names = raw.get("launcher_names", 1)
     bandwidth = raw["bandwidth"]
     if bandwidth is not None:
         points = tuple(AllreducePoint(**point) for point in bandwidth["points"])
@@ -411,8 +427,8 @@ def load_results(path: Path) -> Results:
         quick=raw["quick"],
         repeats=raw["repeats"],
         duration_s=raw["duration_s"],
-        overhead_runs=tuple(_overhead_run(run) for run in raw["overhead_runs"]),
-        fault_runs=tuple(_fault_run(run) for run in raw["fault_runs"]),
+        overhead_runs=tuple(_overhead_run(run, names) for run in raw["overhead_runs"]),
+        fault_runs=tuple(_fault_run(run, names) for run in raw["fault_runs"]),
         bandwidth=bandwidth,
         pipeline=pipeline,
         image=ImageResult(**raw["image"]) if raw["image"] else None,
@@ -459,24 +475,31 @@ class ScaleResults:
     faults: tuple[FaultRun, ...]
 
     def merged(self, later: ScaleResults) -> ScaleResults:
-        """`later`'s cells over these (a cell: launcher and host count, or fault and host
-        count); both headers kept, as the cells come from two invocations."""
+        """`later`'s cells over these (a cell: launcher and host count, or launcher, fault and
+        host count); both headers kept, as the cells come from two invocations."""
         runs = {(run.launcher, run.hosts): run for run in (*self.runs, *later.runs)}
-        faults = {(fault.fault, fault.hosts): fault for fault in (*self.faults, *later.faults)}
+        faults = {
+            (fault.launcher, fault.fault, fault.hosts): fault
+            for fault in (*self.faults, *later.faults)
+        }
         header = f"{self.header} Then: {later.header}"
         return ScaleResults(header, tuple(runs.values()), tuple(faults.values()))
 
 
 def scale_to_json(results: ScaleResults) -> str:
-    return json.dumps(dataclasses.asdict(results), indent=2) + "\n"
+    document = {"launcher_names": LAUNCHER_NAMES_VERSION, **dataclasses.asdict(results)}
+    return json.dumps(document, indent=2) + "\n"
 
 
 def scale_from_json(text: str) -> ScaleResults:
+    """Results back from scale.json; files written before the channel launch existed name
+    the ssh launch "ours", which comes back as "ours-ssh"."""
     raw = json.loads(text)
+    names = raw.get("launcher_names", 1)
     return ScaleResults(
         header=raw["header"],
-        runs=tuple(_overhead_run(run) for run in raw["runs"]),
-        faults=tuple(_fault_run(fault) for fault in raw["faults"]),
+        runs=tuple(_overhead_run(run, names) for run in raw["runs"]),
+        faults=tuple(_fault_run(fault, names) for fault in raw["faults"]),
     )
 
 
@@ -484,24 +507,24 @@ def _launcher_order(run: OverheadRun) -> tuple[int, int]:
     return run.hosts, list(Launcher).index(Launcher(run.launcher))
 
 
-def scale_markdown(results: ScaleResults) -> str:
-    runs = sorted(results.runs, key=_launcher_order)
-    lines = [results.header, "", "| Goal | Target | Measured | Met |", "|---|---|---|---|"]
-    for goal in scale_goals(results.runs, results.faults):
-        met = "yes" if goal.met else "**no**"
-        lines.append(f"| {goal.name} | {goal.target} | {goal.measured} | {met} |")
+def process_counts(names: Sequence[str]) -> str:
+    """Command names as a short list: ("orted", "sshd", "sshd") -> "orted, 2 sshd"."""
+    counts = sorted(collections.Counter(names).items())
+    return ", ".join(name if count == 1 else f"{count} {name}" for name, count in counts) or "-"
+
+
+def _processes(cost: HostCost) -> str:
+    return str(len(cost.peak_process_names)) if cost.peak_process_names else "-"
+
+
+def _timing_rows(runs: Sequence[OverheadRun]) -> list[list[str]]:
     floor = {run.hosts: run for run in runs if run.launcher == Launcher.MPIRUN.value}
-    lines += [
-        "",
-        "| Hosts | Launcher | Start (s) | Start after all up (s) | End (s) "
-        "| End, exit logged (s) | Start vs mpirun | End vs mpirun |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
+    rows = []
     for run in runs:
         base = floor.get(run.hosts)
         label = Launcher(run.launcher).label
         if run.error:
-            lines.append(f"| {run.hosts} | {label} | failed: {run.error[:120]} | | | | | |")
+            rows.append([str(run.hosts), label, f"failed: {run.error[:120]}", *[""] * 5])
             continue
         versus = [
             "-"
@@ -509,39 +532,133 @@ def scale_markdown(results: ScaleResults) -> str:
             else f"+{fixed(minus(getattr(run, field), getattr(base, field)))} s"
             for field in ("start_overhead_s", "end_overhead_s")
         ]
-        lines.append(
-            f"| {run.hosts} | {label} | {fixed(run.start_overhead_s)} | "
-            f"{fixed(run.start_after_up_s)} | {fixed(run.end_overhead_s)} | "
-            f"{fixed(run.end_logged_s)} | {versus[0]} | {versus[1]} |"
+        rows.append(
+            [
+                str(run.hosts),
+                label,
+                fixed(run.start_overhead_s),
+                fixed(run.start_after_up_s),
+                fixed(run.end_overhead_s),
+                fixed(run.end_logged_s),
+                *versus,
+            ]
         )
-    lines += [
-        "",
-        "| Hosts | Launcher | Master peak MiB | Master peak processes | Master CPU (s) "
-        "| Worker peak MiB | Worker CPU (s) | Longest silence (s) |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
+    return rows
+
+
+def growth_rows(runs: Sequence[OverheadRun]) -> tuple[list[str], list[list[str]]]:
+    """The start after every host is up, one row per launcher and one column per host count,
+    then its growth over the counts it completed and the floor's over the same counts."""
+    counts = sorted({run.hosts for run in runs})
+    floor = {run.hosts: run for run in runs if run.launcher == Launcher.MPIRUN.value}
+    header = ["Launcher", *(f"{hosts} hosts" for hosts in counts), "Growth", "Bare mpirun's"]
+    rows = []
+    for launcher in Launcher:
+        mine = {run.hosts: run for run in runs if run.launcher == launcher.value}
+        if not mine:
+            continue
+        cells = [
+            ("failed" if mine[hosts].error else fixed(mine[hosts].start_after_up_s))
+            if hosts in mine
+            else ""
+            for hosts in counts
+        ]
+        own = growth(mine, "start_after_up_s")
+        floors = None if own is None else growth(floor, "start_after_up_s", list(mine))
+        rows.append(
+            [
+                launcher.label,
+                *cells,
+                "-" if own is None else f"{own.low_hosts}->{own.high_hosts}: +{own.seconds:.1f} s",
+                "-"
+                if floors is None or launcher is Launcher.MPIRUN
+                else f"+{floors.seconds:.1f} s",
+            ]
+        )
+    return header, rows
+
+
+def _cost_rows(runs: Sequence[OverheadRun]) -> list[list[str]]:
     nothing = HostCost(None, None, None)
+    rows = []
     for run in (run for run in runs if not run.error):
         master, worker = run.master or nothing, run.worker or nothing
-        processes = "-" if master.peak_processes is None else master.peak_processes
-        lines.append(
-            f"| {run.hosts} | {Launcher(run.launcher).label} | {fixed(master.peak_mib, 0)} | "
-            f"{processes} | {fixed(master.cpu_s, 1)} | {fixed(worker.peak_mib, 0)} | "
-            f"{fixed(worker.cpu_s, 1)} | {fixed(run.longest_silence_s, 1)} |"
+        rows.append(
+            [
+                str(run.hosts),
+                Launcher(run.launcher).label,
+                fixed(master.peak_mib, 0),
+                _processes(master),
+                "-" if master.peak_processes is None else str(master.peak_processes),
+                fixed(master.cpu_s, 1),
+                fixed(worker.peak_mib, 0),
+                _processes(worker),
+                "-" if worker.peak_processes is None else str(worker.peak_processes),
+                fixed(worker.cpu_s, 1),
+                fixed(run.longest_silence_s, 1),
+            ]
         )
-    lines += [
-        "",
-        "| Fault | Hosts | Every other host down after (s) | Non-zero exits | Failure lines |",
-        "|---|---|---|---|---|",
+    return rows
+
+
+def scale_markdown(results: ScaleResults) -> str:
+    runs = sorted(results.runs, key=_launcher_order)
+    met = {True: "yes", False: "**no**", None: "not measured"}
+    goals = [
+        [goal.name, goal.target, goal.measured, met[goal.met]]
+        for goal in scale_goals(results.runs, results.faults)
     ]
-    for fault in results.faults:
-        what = "worker killed" if fault.fault == "kill" else "worker cut off the network"
-        text = fault.error or "<br>".join(line.replace("|", "/") for line in fault.failure_lines)
-        lines.append(
-            f"| {what} | {fault.hosts} | {fixed(fault.detection_s)} | {fault.nonzero_exits} "
-            f"| {text} |"
-        )
-    return "\n".join(lines) + "\n"
+    timing_header = [
+        "Hosts", "Launcher", "Start (s)", "Start after all up (s)", "End (s)",
+        "End, exit logged (s)", "Start vs mpirun", "End vs mpirun",
+    ]  # fmt: skip
+    cost_header = [
+        "Hosts", "Launcher", "Master peak MiB", "Master peak processes", "Master peak tasks",
+        "Master CPU (s)", "Worker peak MiB", "Worker peak processes", "Worker peak tasks",
+        "Worker CPU (s)", "Longest silence (s)",
+    ]  # fmt: skip
+    named = [run for run in runs if run.master and run.master.peak_process_names]
+    process_rows = [
+        [
+            str(run.hosts),
+            Launcher(run.launcher).label,
+            process_counts(run.master.peak_process_names if run.master else ()),
+            process_counts(run.worker.peak_process_names if run.worker else ()),
+        ]
+        for run in named
+    ]
+    fault_rows = [
+        [
+            _label(fault.launcher),
+            "worker killed" if fault.fault == "kill" else "worker cut off the network",
+            str(fault.hosts),
+            fixed(fault.detection_s),
+            str(fault.nonzero_exits),
+            fault.error or "<br>".join(line.replace("|", "/") for line in fault.failure_lines),
+        ]
+        for fault in results.faults
+    ]
+    fault_header = [
+        "Launcher", "Fault", "Hosts", "Every other host down after (s)", "Non-zero exits",
+        "Failure lines",
+    ]  # fmt: skip
+    lines = [
+        results.header,
+        "",
+        "Goals are the channel launch's (our default) unless a row names the ssh launch.",
+        "",
+        *_table(["Goal", "Target", "Measured", "Met"], goals),
+        *_table(timing_header, _timing_rows(runs)),
+        "Start after every host is up (s), by host count:",
+        "",
+        *_table(*growth_rows(runs)),
+        *_table(cost_header, _cost_rows(runs)),
+    ]
+    if process_rows:
+        header = ["Hosts", "Launcher", "Master's processes at their most", "Worker's"]
+        lines += _table(header, process_rows)
+    lines += _table(fault_header, fault_rows) if fault_rows else []
+    return "\n".join(lines).rstrip() + "\n"
 
 
 def plot_scale(runs: Sequence[OverheadRun], path: Path) -> None:

@@ -1,20 +1,22 @@
-"""`python -m bench.scale`: orchestration at 4 to 128 hosts, and fault detection at 64.
+"""`python -m bench.scale`: the MPI launch at 4, 16 and 64 hosts, and fault detection at 64.
 
 For each host count, a trivial MPI program (programs/timed_mpi.py: mpi4py, no TensorFlow)
-started three ways on fresh containers of one `--internal` network, one rank per container:
-- ours: `docker run IMAGE train` on every host;
+started side by side on fresh containers of one `--internal` network, one rank per container:
+- ours: `docker run IMAGE train` on every host, with the default channel launch (no sshd);
+- ours-ssh: the same with `mpi_remote_shell=ssh` (sshd on every host);
 - the floor: a bare `mpirun` in containers already running sshd, with the same launch flags;
-- the sagemaker-training toolkit's MPI runner, where it completes (after its first failure at
-  some count, larger counts are not tried).
+- with `--launchers`, also the sagemaker-training toolkit's MPI runner, where it completes
+  (after its first failure at some count, larger counts are not tried).
 Start overhead: first container started (floor: mpirun started) -> last rank in user code. End
-overhead: last rank left user code -> last container exited (floor: mpirun exited). The master
-container's peak memory and process count and a worker's (algo-2) peak memory are sampled from
-the containers' cgroups every 0.25 s.
-Faults at 64 hosts (ours): a worker killed, and a worker cut off the network (`docker network
-disconnect`), each -> every other host down.
+overhead: last rank left user code -> last container exited (floor: mpirun exited). The master's
+and a worker's (algo-2) peak memory, tasks and processes are sampled from the containers'
+cgroups every 0.25 s.
+Faults at 64 hosts (ours, channel launch): a worker killed, and a worker cut off the network
+(`docker network disconnect`), each -> every other host down.
 
 python -m bench.scale --image sm-horovod:cpu --out bench/results
 python -m bench.scale --hosts 4,8 --fault-hosts 8     # a quick pass
+python -m bench.scale --hosts 4,16,64,100,128 --launchers ours,ours-ssh,toolkit,mpirun
 """
 
 from __future__ import annotations
@@ -43,7 +45,10 @@ from harness.cluster import Cluster, docker_command
 log = logging.getLogger("bench.scale")
 
 PROGRAM = "timed_mpi.py"
-DEFAULT_HOSTS = (4, 8, 16, 32, 64, 100, 128)
+# The issue's table ("No sshd in the job"): the channel launch beside the ssh launch and the
+# floor, from 4 to 64 hosts. The toolkit costs minutes per count and is there on request.
+DEFAULT_HOSTS = (4, 16, 64)
+DEFAULT_LAUNCHERS = (Launcher.OURS, Launcher.OURS_SSH, Launcher.MPIRUN)
 RUN_TIMEOUT_S = 600.0
 # Up to 128 hosts on the cores of one machine: ranks waiting in MPI yield the CPU instead of
 # spinning (separate hosts would not need it), for every launcher alike. Without it, 100
@@ -72,6 +77,11 @@ def _cgroup_files(container_id: str) -> dict[str, Path]:
             v1 / "pids" / "docker" / container_id / "pids.current",
             v1 / "system.slice" / f"docker-{container_id}.scope" / "pids.current",
         ],
+        # processes (not threads), one pid a line
+        "procs": [
+            v1 / "pids" / "docker" / container_id / "cgroup.procs",
+            v1 / "system.slice" / f"docker-{container_id}.scope" / "cgroup.procs",
+        ],
         # nanoseconds (v1); v2's cpu.stat starts with usage_usec, read by _read_cpu_ns
         "cpu": [
             v1 / "cpuacct" / "docker" / container_id / "cpuacct.usage",
@@ -84,9 +94,25 @@ def _cgroup_files(container_id: str) -> dict[str, Path]:
     }
 
 
+def _process_names(procs_file: Path) -> tuple[str, ...]:
+    """The command names of a cgroup's processes (the engine's pids are this machine's: the
+    benchmark runs beside the Docker engine), sorted; a process gone meanwhile is skipped."""
+    try:
+        pids = procs_file.read_text().split()
+    except OSError:
+        return ()
+    names = []
+    for pid in pids:
+        try:
+            names.append(Path("/proc", pid, "comm").read_text().strip())
+        except OSError:
+            continue
+    return tuple(sorted(names))
+
+
 class PeakSampler:
-    """Reads a container's peak memory and current process count until stopped; the cgroup
-    goes away with the container, so the last reading before its exit is the peak."""
+    """Reads a container's peak memory, tasks and processes until stopped; the cgroup goes
+    away with the container, so the last reading before its exit is the peak."""
 
     def __init__(self, docker: str, container: str) -> None:
         container_id = docker_command(
@@ -96,6 +122,7 @@ class PeakSampler:
         self.peak_bytes: int | None = None
         self.peak_processes: int | None = None
         self.cpu_ns: int | None = None
+        self.peak_process_names: tuple[str, ...] = ()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -123,6 +150,9 @@ class PeakSampler:
                 self.peak_bytes = max(self.peak_bytes or 0, memory)
             if processes is not None:
                 self.peak_processes = max(self.peak_processes or 0, processes)
+            names = _process_names(self._files["procs"])
+            if len(names) > len(self.peak_process_names):
+                self.peak_process_names = names
             self._stop.wait(SAMPLE_INTERVAL_S)
 
     def stop(self) -> None:
@@ -135,6 +165,7 @@ class PeakSampler:
             peak_mib=None if self.peak_bytes is None else self.peak_bytes / MIB,
             peak_processes=self.peak_processes,
             cpu_s=None if self.cpu_ns is None else self.cpu_ns / 1e9,
+            peak_process_names=self.peak_process_names,
         )
 
 
@@ -203,7 +234,7 @@ def measure(
     space: Workspace, launcher: Launcher, hosts: int, timeout_s: float = RUN_TIMEOUT_S
 ) -> OverheadRun:
     # Our entry point's own hyperparameter (the toolkit would pass it on to the program).
-    settings = {"host_wait_timeout": "600"} if launcher is Launcher.OURS else {}
+    settings = {"host_wait_timeout": "600"} if launcher.is_ours else {}
     cluster = make_cluster(
         space, launcher, hosts, program=PROGRAM, program_args=settings, extra_env=SHARED_CORES_ENV
     )
@@ -229,7 +260,7 @@ def measure(
             ended = max(t.finished for t in times if t.finished is not None)
         ranks = read_rank_times(cluster)
         silence = longest_silence(cluster.logs(cluster.hosts[0]))
-        exits_logged = _last_exit_logged(cluster) if launcher is Launcher.OURS else None
+        exits_logged = _last_exit_logged(cluster) if launcher.is_ours else None
         if len(ranks) != hosts:
             raise RuntimeError(f"{len(ranks)} of {hosts} ranks wrote their times")
     except RUN_ERRORS as error:
@@ -265,7 +296,7 @@ def measure(
         ended=ended,
         start_after_up_s=entered - all_up,
         end_logged_s=minus(exits_logged, left),
-        longest_silence_s=silence if launcher is Launcher.OURS else None,
+        longest_silence_s=silence if launcher.is_ours else None,
         master=master.cost,
         worker=worker.cost,
     )
@@ -278,7 +309,8 @@ def _running(cluster: Cluster) -> int:
 
 
 def measure_fault(space: Workspace, hosts: int, fault: str) -> FaultRun:
-    """Our entry point at `hosts`: once every rank allreduces, kill or cut off algo-2."""
+    """Our entry point (its default, channel launch) at `hosts`: once every rank
+    allreduces, kill or cut off algo-2."""
     victim = "algo-2"
     cluster = make_cluster(
         space,
@@ -366,7 +398,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--fault-hosts", type=int, default=64, help="0: no fault runs")
     parser.add_argument(
         "--launchers",
-        default=",".join(launcher.value for launcher in Launcher),
+        default=",".join(launcher.value for launcher in DEFAULT_LAUNCHERS),
         help="comma-separated, of: " + ", ".join(launcher.value for launcher in Launcher),
     )
     parser.add_argument("--timeout", type=float, default=RUN_TIMEOUT_S, help="per run, seconds")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from bench.bandwidth import BandwidthResult
 from bench.launchers import Launcher
@@ -182,88 +182,173 @@ def evaluate_goals(
 
 
 # ---------------------------------------------------------------------------------------------
-# bench.scale: 4 to 128 hosts, one run per cell
+# bench.scale: 4 to 64 hosts (128 on request), one run per cell
 
 
 def _by(runs: Sequence[OverheadRun], launcher: Launcher) -> dict[int, OverheadRun]:
     return {run.hosts: run for run in runs if run.launcher == launcher.value}
 
 
+@dataclasses.dataclass(frozen=True)
+class Growth:
+    """How much a launcher's `field` (a start time) grew from its smallest to its largest
+    host count that completed."""
+
+    low_hosts: int
+    high_hosts: int
+    seconds: float
+
+
+def growth(
+    by_hosts: dict[int, OverheadRun], field: str, among: Sequence[int] | None = None
+) -> Growth | None:
+    """`field`'s growth over the counts measured (only those in `among`, if given); None
+    with fewer than two."""
+    counts = sorted(
+        hosts
+        for hosts, run in by_hosts.items()
+        if getattr(run, field) is not None and (among is None or hosts in among)
+    )
+    if len(counts) < 2:
+        return None
+    low, high = counts[0], counts[-1]
+    seconds = getattr(by_hosts[high], field) - getattr(by_hosts[low], field)
+    return Growth(low, high, seconds)
+
+
 def _growth_goal(
     ours: dict[int, OverheadRun], floor: dict[int, OverheadRun], field: str, name: str
 ) -> Goal:
     """`field` (a start time) from the smallest to the largest count both completed: ours
-    must grow no faster than the floor's own start time."""
-    both = sorted(
+    must grow no faster than the floor's own start time, and complete at every count."""
+    target = "grows no faster than bare mpirun's"
+    if not ours:
+        return Goal(name, target, "not measured", None)
+    both = [
         hosts
         for hosts in ours
         if hosts in floor
         and getattr(ours[hosts], field) is not None
         and getattr(floor[hosts], field) is not None
+    ]
+    ours_growth, floor_growth = growth(ours, field, both), growth(floor, field, both)
+    failed = sorted(hosts for hosts, run in ours.items() if run.error)
+    failures = f"; failed at {', '.join(map(str, failed))} hosts" if failed else ""
+    if ours_growth is None or floor_growth is None:
+        # one count both completed: nothing to compare, unless ours failed at another
+        if failed:
+            return Goal(name, target, "-" + failures, False)
+        return Goal(name, target, "needs two host counts", None)
+    measured = (
+        f"{ours_growth.low_hosts}->{ours_growth.high_hosts} hosts: "
+        f"+{ours_growth.seconds:.1f} s vs mpirun +{floor_growth.seconds:.1f} s{failures}"
     )
-    target = "grows no faster than bare mpirun's"
-    if len(both) < 2:
-        return Goal(name, target, "-", False)
-    low, high = both[0], both[-1]
-    ours_growth = getattr(ours[high], field) - getattr(ours[low], field)
-    floor_growth = getattr(floor[high], field) - getattr(floor[low], field)
-    measured = f"{low}->{high} hosts: +{ours_growth:.1f} s vs mpirun +{floor_growth:.1f} s"
-    return Goal(name, target, measured, ours_growth <= floor_growth)
+    return Goal(name, target, measured, not failed and ours_growth.seconds <= floor_growth.seconds)
+
+
+def worker_processes(run: OverheadRun) -> int | None:
+    """How many processes (not threads) the worker had at most; None where not sampled."""
+    if run.error or run.worker is None or not run.worker.peak_process_names:
+        return None
+    return len(run.worker.peak_process_names)
+
+
+def worker_mib(run: OverheadRun) -> float | None:
+    return None if run.error or run.worker is None else run.worker.peak_mib
+
+
+def _below_goal(
+    channel: dict[int, OverheadRun],
+    ssh: dict[int, OverheadRun],
+    value: Callable[[OverheadRun], float | None],
+    *,
+    name: str,
+    unit: str,
+) -> Goal:
+    """The channel launch's worker figure below the ssh launch's at every count both ran."""
+    target = "below the ssh launch's at every count"
+    counts = sorted(set(channel) & set(ssh))
+    if not counts:
+        return Goal(name, target, "not measured", None)
+    pairs = [(value(channel[hosts]), value(ssh[hosts])) for hosts in counts]
+
+    def column(index: int) -> str:
+        return "/".join(fixed(pair[index], 0) for pair in pairs)
+
+    measured = f"{'/'.join(map(str, counts))} hosts: {column(0)} vs ssh {column(1)}{unit}"
+    met = all(mine is not None and theirs is not None and mine < theirs for mine, theirs in pairs)
+    return Goal(name, target, measured, met)
+
+
+def _start(run: OverheadRun | None) -> float | None:
+    return None if run is None else run.start_overhead_s
 
 
 def scale_goals(runs: Sequence[OverheadRun], faults: Sequence[FaultRun]) -> list[Goal]:
-    """bench.scale's goals; a count or fault that failed misses its goal."""
-    ours, floor = _by(runs, Launcher.OURS), _by(runs, Launcher.MPIRUN)
-    largest = max(ours) if ours else 0
+    """bench.scale's goals, for our default (channel) launch; a count or fault that failed
+    misses its goal, one not run is not measured."""
+    ours, ssh = _by(runs, Launcher.OURS), _by(runs, Launcher.OURS_SSH)
+    floor = _by(runs, Launcher.MPIRUN)
     completed = [hosts for hosts, run in ours.items() if run.error is None]
     goals = [
         Goal(
             f"{GOAL_SCALE_HOSTS} hosts complete",
             "yes",
-            f"up to {max(completed, default=0)} of {largest}",
-            GOAL_SCALE_HOSTS in completed,
+            f"up to {max(completed, default=0)} of {max(ours, default=0)}"
+            if GOAL_SCALE_HOSTS in ours
+            else f"not run at {GOAL_SCALE_HOSTS} hosts",
+            GOAL_SCALE_HOSTS in completed if GOAL_SCALE_HOSTS in ours else None,
         )
     ]
-    start = (
-        minus(ours[GOAL_HOSTS].start_overhead_s, floor[GOAL_HOSTS].start_overhead_s)
-        if GOAL_HOSTS in ours and GOAL_HOSTS in floor
-        else None
-    )
-    goals.append(
-        Goal(
-            f"start overhead at {GOAL_HOSTS} hosts",
-            f"<= {GOAL_START_S:.0f} s over bare mpirun",
-            f"+{fixed(start)} s",
-            start is not None and start <= GOAL_START_S,
+    start_name = f"start overhead at {GOAL_HOSTS} hosts"
+    start_target = f"<= {GOAL_START_S:.0f} s over bare mpirun"
+    if GOAL_HOSTS in ours and (ours[GOAL_HOSTS].error or GOAL_HOSTS in floor):
+        start = minus(ours[GOAL_HOSTS].start_overhead_s, _start(floor.get(GOAL_HOSTS)))
+        measured = f"+{fixed(start)} s"
+        goals.append(
+            Goal(start_name, start_target, measured, start is not None and start <= GOAL_START_S)
         )
-    )
+    else:
+        goals.append(Goal(start_name, start_target, "not measured", None))
     goals.append(
         _growth_goal(ours, floor, "start_overhead_s", "start time (first container started)")
     )
     goals.append(_growth_goal(ours, floor, "start_after_up_s", "start time after every host is up"))
+    goals.append(
+        _growth_goal(
+            ssh, floor, "start_after_up_s", "start time after every host is up, ssh launch"
+        )
+    )
     for field, name in (
         ("end_overhead_s", "end overhead (last container exited)"),
         ("end_logged_s", "end overhead (last entry point logged its exit)"),
     ):
         ends = [minus(getattr(ours[h], field), floor[h].end_overhead_s) for h in ours if h in floor]
         worst_end = max((end for end in ends if end is not None), default=None)
+        end_target = f"<= {GOAL_END_S:.0f} s over bare mpirun at every count"
         goals.append(
             Goal(
                 name,
-                f"<= {GOAL_END_S:.0f} s over bare mpirun at every count",
+                end_target,
                 f"max +{fixed(worst_end)} s",
                 worst_end is not None and worst_end <= GOAL_END_S,
             )
+            if any(hosts in floor for hosts in ours)
+            else Goal(name, end_target, "not measured", None)
         )
+    goals.append(_below_goal(ours, ssh, worker_mib, name="worker peak memory", unit=" MiB"))
+    goals.append(_below_goal(ours, ssh, worker_processes, name="worker peak processes", unit=""))
     for fault, bound in (("kill", GOAL_FAULT_S), ("cut", GOAL_CUT_S)):
-        done = [f.detection_s for f in faults if f.fault == fault]
+        done = [
+            f.detection_s for f in faults if f.fault == fault and f.launcher == Launcher.OURS.value
+        ]
         worst = max((d for d in done if d is not None), default=None)
-        met = bool(done) and None not in done and worst is not None and worst <= bound
+        met = None if not done else None not in done and worst is not None and worst <= bound
         goals.append(
             Goal(
                 f"worker {'killed' if fault == 'kill' else 'cut off'}: every host down",
                 f"<= {bound:.0f} s",
-                f"{fixed(worst)} s",
+                f"{fixed(worst)} s" if done else "not measured",
                 met,
             )
         )
