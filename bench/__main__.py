@@ -228,11 +228,14 @@ def _measure_torch(space: Workspace, settings: Settings) -> TorchResult | None:
 
 
 def merge_into(existing: Path, fresh: Results, only: str) -> Results:
-    """`fresh`'s `only` section into the results at `existing` (kept as they are otherwise);
-    `fresh` as it is when there is nothing to merge into."""
+    """`fresh`'s `only` section into the results at `existing` (kept as they are otherwise, and
+    wholly where `only` was skipped, e.g. torch without its image); `fresh` as it is when there
+    is nothing to merge into."""
     if not existing.is_file():
         return fresh
     field = RESULT_FIELDS[only]
+    if getattr(fresh, field) is None:
+        return load_results(existing)
     return dataclasses.replace(load_results(existing), **{field: getattr(fresh, field)})
 
 

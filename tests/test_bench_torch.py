@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from bench.__main__ import merge_into
 from bench.containers import ContainerTimes
 from bench.machine import Machine
 from bench.overhead import FaultRun, OverheadRun, RankTimes
@@ -174,3 +175,14 @@ def test_results_round_trip_through_json_and_render_the_torch_section(tmp_path):
     assert "never within 120 s |" in markdown
     assert "| torch: worker killed, every host down | ≤ 10 s |" in markdown
     assert "Failed runs: torchrun 4 hosts #1: RuntimeError: exit codes {'algo-1': 1}" in markdown
+
+
+def test_only_torch_merges_its_section_and_a_skipped_one_keeps_the_old(tmp_path):
+    old = Results(MACHINE, False, 3, 60.0, (), (), None, None, None, torch_backend=RESULT)
+    write_report(old, tmp_path)
+    skipped = dataclasses.replace(old, duration_s=1.0, torch_backend=None)
+    assert merge_into(tmp_path / "results.json", skipped, "torch") == old
+    fresh = dataclasses.replace(RESULT, repeats=1)
+    merged = merge_into(tmp_path / "results.json", dataclasses.replace(old, torch_backend=fresh),
+                        "torch")  # fmt: skip
+    assert merged == dataclasses.replace(old, torch_backend=fresh)
