@@ -185,7 +185,7 @@ bench: venv ## Measure overhead, faults, allreduce, input pipeline, torch; then 
 	DOCKER=$(DOCKER) $(PY) -m bench.scale --image $(IMAGE):cpu --out bench/results
 
 .PHONY: bench-quick
-bench-quick: venv ## A 3-minute pass over every benchmark (1 run, 2 hosts), results to build/bench
+bench-quick: venv ## An 8-minute pass over every benchmark (1 run, 2 hosts), results to build/bench
 	$(PY) -m bench --quick --image $(IMAGE):cpu --torch-image $(IMAGE):torch-cpu \
 	    --docker $(DOCKER) --out build/bench
 

@@ -1,7 +1,7 @@
 """`python -m bench`: every measurement in one run, then the report.
 
 python -m bench --image sm-horovod:cpu --docker docker --out bench/results
-python -m bench --quick          # 1 run each, 2 hosts only, small tensors (~4 minutes)
+python -m bench --quick          # 1 run each, 2 hosts only, small tensors (~8 minutes)
 python -m bench --only accuracy  # one measurement, merged into the existing results.json
 python -m bench --only serving   # the same for the serving benchmark
 python -m bench --only strategies  # Horovod vs MultiWorkerMirroredStrategy, and the MWMS fault
