@@ -92,7 +92,8 @@ def floor_command(hosts: Sequence[str], host: str, program_argv: Sequence[str]) 
 
 
 def floor_environment(hosts: Sequence[str]) -> dict[str, str]:
-    """The interface pins our plan gives the ranks (GLOO_SOCKET_IFNAME, ...), no more."""
+    """What our plan adds to every rank's environment, without the SageMaker variables: the
+    interface pins (GLOO_SOCKET_IFNAME, ...) and Horovod's defaults (unread by torch)."""
     return rank_environment({}, {}, _shape(hosts, hosts[0], ()))
 
 
