@@ -1,10 +1,11 @@
 """`python -m bench`: every measurement in one run, then the report.
 
 python -m bench --image sm-horovod:cpu --docker docker --out bench/results
-python -m bench --quick          # 1 run each, 2 hosts only, small tensors (~4 minutes)
+python -m bench --quick          # 1 run each, 2 hosts only, small tensors (~8 minutes)
 python -m bench --only accuracy  # one measurement, merged into the existing results.json
 python -m bench --only serving   # the same for the serving benchmark
 python -m bench --only strategies  # Horovod vs MultiWorkerMirroredStrategy, and the MWMS fault
+python -m bench --only torch       # our torch backend vs bare torchrun (--torch-image)
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ from bench.pipeline import PipelineResult, measure_pipeline
 from bench.report import Results, load_results, write_report
 from bench.serving import ServingResult, measure_serving
 from bench.strategies import StrategiesResult, measure_strategies
+from bench.torch_backend import DEFAULT_IMAGE as DEFAULT_TORCH_IMAGE
+from bench.torch_backend import TorchResult, image_exists, measure_torch
 from bench.workspace import Workspace, workspace
 
 log = logging.getLogger("bench")
@@ -43,6 +46,7 @@ MEASUREMENTS = (
     "accuracy",
     "serving",
     "strategies",
+    "torch",
 )
 # Which field of Results each measurement fills (for --only's merge).
 RESULT_FIELDS = {
@@ -54,6 +58,7 @@ RESULT_FIELDS = {
     "accuracy": "accuracy",
     "serving": "serving",
     "strategies": "strategies",
+    "torch": "torch_backend",
 }
 # How long a fault run waits for the surviving hosts: the toolkit's workers poll for the
 # master's status file every 30 s and check the master only every 2 minutes.
@@ -78,12 +83,18 @@ class Settings:
     render_only: bool
     serving_seconds: float = 10.0
     only: str | None = None
+    torch_image: str = DEFAULT_TORCH_IMAGE
 
 
 def parse_args(argv: Sequence[str] | None) -> Settings:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n")[0])
     parser.add_argument("--image", default="sm-horovod:cpu", help="the CPU flavor's tag")
     parser.add_argument("--docker", default=os.environ.get("DOCKER", "docker"))
+    parser.add_argument(
+        "--torch-image",
+        default=DEFAULT_TORCH_IMAGE,
+        help="the torch CPU image, for `torch` (skipped if it does not exist)",
+    )
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
     parser.add_argument("--quick", action="store_true", help="1 run each, 2 hosts, small tensors")
     parser.add_argument("--repeats", type=int, help="runs per overhead figure (default 3)")
@@ -125,6 +136,7 @@ def parse_args(argv: Sequence[str] | None) -> Settings:
         keep_scratch=args.keep_scratch,
         render_only=args.render,
         serving_seconds=3.0 if args.quick else 10.0,
+        torch_image=args.torch_image,
     )
 
 
@@ -167,6 +179,7 @@ def run(settings: Settings) -> Results:
     accuracy: AccuracyResult | None = None
     serving: ServingResult | None = None
     strategies: StrategiesResult | None = None
+    torch_backend: TorchResult | None = None
     if "serving" not in settings.skip:
         serving = measure_serving(settings.docker, settings.image, settings.serving_seconds)
     with workspace(settings.docker, settings.image, keep=settings.keep_scratch) as space:
@@ -182,6 +195,8 @@ def run(settings: Settings) -> Results:
             accuracy = measure_accuracy(space, (1,) if settings.quick else (1, 2, 3))
         if "strategies" not in settings.skip:
             strategies = measure_strategies(space, quick=settings.quick)
+        if "torch" not in settings.skip:
+            torch_backend = _measure_torch(space, settings)
         if settings.only in {None, "rebuild"}:
             image = measure_image(
                 settings.docker, settings.image, space.root, rebuild="rebuild" not in settings.skip
@@ -199,15 +214,28 @@ def run(settings: Settings) -> Results:
         accuracy=accuracy,
         serving=serving,
         strategies=strategies,
+        torch_backend=torch_backend,
     )
 
 
+def _measure_torch(space: Workspace, settings: Settings) -> TorchResult | None:
+    if not image_exists(settings.docker, settings.torch_image):
+        log.warning(
+            "torch: skipped, no image %s (make build FLAVOR=torch-cpu)", settings.torch_image
+        )
+        return None
+    return measure_torch(space, settings.torch_image, settings.repeats, settings.quick)
+
+
 def merge_into(existing: Path, fresh: Results, only: str) -> Results:
-    """`fresh`'s `only` section into the results at `existing` (kept as they are otherwise);
-    `fresh` as it is when there is nothing to merge into."""
+    """`fresh`'s `only` section into the results at `existing` (kept as they are otherwise, and
+    wholly where `only` was skipped, e.g. torch without its image); `fresh` as it is when there
+    is nothing to merge into."""
     if not existing.is_file():
         return fresh
     field = RESULT_FIELDS[only]
+    if getattr(fresh, field) is None:
+        return load_results(existing)
     return dataclasses.replace(load_results(existing), **{field: getattr(fresh, field)})
 
 

@@ -30,12 +30,23 @@ from bench.summary import (
     Goal,
     OverheadSummary,
     evaluate_goals,
+    fault_down_text,
     fixed,
     growth,
     minus,
+    overhead_rows,
     scale_goals,
     summarize_faults,
     summarize_overhead,
+)
+from bench.torch_backend import (
+    TorchResult,
+    failed_runs,
+    fault_rows,
+    fault_summaries,
+    launcher_label,
+    overhead_summaries,
+    torch_goals,
 )
 
 COLORS = {
@@ -64,6 +75,7 @@ class Results:
     accuracy: AccuracyResult | None = None
     serving: ServingResult | None = None
     strategies: StrategiesResult | None = None
+    torch_backend: TorchResult | None = None
 
     @property
     def overhead(self) -> list[OverheadSummary]:
@@ -76,7 +88,8 @@ class Results:
     @property
     def goals(self) -> list[Goal]:
         goals = evaluate_goals(self.overhead, self.faults, self.bandwidth)
-        return goals + (serving_goals(self.serving) if self.serving is not None else [])
+        goals += serving_goals(self.serving) if self.serving is not None else []
+        return goals + (torch_goals(self.torch_backend) if self.torch_backend else [])
 
 
 def to_json(results: Results) -> str:
@@ -139,21 +152,7 @@ def _goal_lines(goals: Sequence[Goal]) -> list[str]:
 
 
 def _overhead_lines(summaries: Sequence[OverheadSummary]) -> list[str]:
-    def versus(over: float | None, ratio: float | None) -> str:
-        return "-" if over is None else f"{over:+.2f} s ({fixed(ratio, 1)}x)"
-
-    rows = [
-        [
-            str(s.hosts),
-            _label(s.launcher),
-            fixed(s.start_median_s),
-            fixed(s.end_median_s),
-            versus(s.start_over_floor_s, s.start_ratio),
-            versus(s.end_over_floor_s, s.end_ratio),
-            f"{s.runs - s.failed}/{s.runs}",
-        ]
-        for s in summaries
-    ]
+    rows = overhead_rows(summaries, _label)
     header = [
         "Hosts",
         "Launcher",
@@ -178,15 +177,7 @@ def _overhead_lines(summaries: Sequence[OverheadSummary]) -> list[str]:
 
 
 def _fault_lines(summaries: Sequence[FaultSummary]) -> list[str]:
-    def down(s: FaultSummary) -> str:
-        if s.median_s is None:
-            return f"not down after {s.timeout_s:.0f} s"
-        text = f"{s.median_s:.2f} (max {s.max_s:.2f})"
-        return text + (
-            f"; {s.not_down} run(s) not down after {s.timeout_s:.0f} s" if s.not_down else ""
-        )
-
-    rows = [[_label(s.launcher), str(s.hosts), str(s.runs), down(s)] for s in summaries]
+    rows = [[_label(s.launcher), str(s.hosts), str(s.runs), fault_down_text(s)] for s in summaries]
     return [
         "### Fault detection",
         "",
@@ -319,6 +310,41 @@ def _image_lines(result: ImageResult | None) -> list[str]:
     ]
 
 
+TORCH_OVERHEAD_HEADER = (
+    "Hosts", "Launcher", "Start (s)", "End (s)", "Start vs torchrun", "End vs torchrun", "OK runs",
+)  # fmt: skip
+
+
+def _torch_lines(result: TorchResult | None) -> list[str]:
+    if result is None:
+        return []
+    failed = failed_runs(result)
+    return [
+        "### PyTorch backend: ours vs bare torchrun",
+        "",
+        f"Image `{result.image}` (torch {result.torch_version or '?'}), one rank per container, "
+        "a trivial gloo program (`bench/programs/timed_torch.py`), medians of "
+        f"{result.repeats} run(s). Ours: `train` with `sagemaker_torch_distributed_enabled="
+        "true`. The floor: each container runs, with no entry point, the torchrun command line "
+        "our plan builds for its host. Start: first container started → every rank in user "
+        "code. End: last rank left user code → last container exited.",
+        "",
+        *_table(
+            TORCH_OVERHEAD_HEADER,
+            overhead_rows(overhead_summaries(result.overhead_runs), launcher_label),
+        ),
+        "A worker (the last host) killed or cut off the network while every rank all-reduces "
+        "→ every other container exited (killed: from the killed container's exit; cut off: "
+        "from the cut).",
+        "",
+        *_table(
+            ["Worker", "Launcher", "Hosts", "Runs", "Every other host down after (s)"],
+            fault_rows(fault_summaries(result.fault_runs)),
+        ),
+        *([f"Failed runs: {_cell('; '.join(failed))}", ""] if failed else []),
+    ]
+
+
 def to_markdown(results: Results) -> str:
     lines = [
         "## Benchmark results",
@@ -335,6 +361,7 @@ def to_markdown(results: Results) -> str:
         *_image_lines(results.image),
         *serving_lines(results.serving),
         *strategies_lines(results.strategies),
+        *_torch_lines(results.torch_backend),
     ]
     return "\n".join(lines).rstrip() + "\n"
 
@@ -382,7 +409,9 @@ def plot_overhead(results: Results, path: Path) -> None:
     )
     _bars(end, summaries, "end_median_s", "End: last rank done → last container exited")
     handles, labels = start.get_legend_handles_labels()
-    figure.legend(handles, labels, loc="outside lower center", ncol=len(labels), fontsize=10)
+    figure.legend(
+        handles, labels, loc="outside lower center", ncol=max(1, len(labels)), fontsize=10
+    )
     m = results.machine
     figure.suptitle(
         f"Orchestration overhead, lower is better ({m.date}, {m.cores} cores, "
@@ -435,6 +464,7 @@ def load_results(path: Path) -> Results:
         accuracy=_accuracy_from(raw.get("accuracy")),
         serving=serving_from_json(raw.get("serving")),
         strategies=strategies_from_json(raw.get("strategies")),
+        torch_backend=_torch_from(raw.get("torch_backend")),
     )
 
 
@@ -442,6 +472,14 @@ def _accuracy_from(raw: dict | None) -> AccuracyResult | None:
     if raw is None:
         return None
     return AccuracyResult(**{**raw, "runs": tuple(AccuracyRun(**run) for run in raw["runs"])})
+
+
+def _torch_from(raw: dict | None) -> TorchResult | None:
+    if raw is None:
+        return None
+    overhead = tuple(_overhead_run(run) for run in raw["overhead_runs"])
+    faults = tuple(_fault_run(run) for run in raw["fault_runs"])
+    return TorchResult(**{**raw, "overhead_runs": overhead, "fault_runs": faults})
 
 
 def write_text_atomically(path: Path, text: str) -> None:

@@ -134,6 +134,38 @@ def summarize_faults(runs: Sequence[FaultRun]) -> list[FaultSummary]:
     return summaries
 
 
+def overhead_rows(
+    summaries: Sequence[OverheadSummary], label: Callable[[str], str]
+) -> list[list[str]]:
+    """An overhead table's rows: hosts, launcher (`label`), start, end, each against the
+    floor's, and the runs that completed."""
+
+    def versus(over: float | None, ratio: float | None) -> str:
+        return "-" if over is None else f"{over:+.2f} s ({fixed(ratio, 1)}x)"
+
+    return [
+        [
+            str(s.hosts),
+            label(s.launcher),
+            fixed(s.start_median_s),
+            fixed(s.end_median_s),
+            versus(s.start_over_floor_s, s.start_ratio),
+            versus(s.end_over_floor_s, s.end_ratio),
+            f"{s.runs - s.failed}/{s.runs}",
+        ]
+        for s in summaries
+    ]
+
+
+def fault_down_text(s: FaultSummary, never: str = "not down after") -> str:
+    """A fault table's cell: the median and the worst time to every host down, and the runs
+    in which some host was still up at the limit (`never` the limit)."""
+    if s.median_s is None:
+        return f"{never} {s.timeout_s:.0f} s"
+    text = f"{s.median_s:.2f} (max {s.max_s:.2f})"
+    return text + (f"; {s.not_down} run(s) {never} {s.timeout_s:.0f} s" if s.not_down else "")
+
+
 def _overhead_goal(
     summaries: Sequence[OverheadSummary], name: str, field: str, limit: float
 ) -> Goal:

@@ -15,7 +15,7 @@ import dataclasses
 import secrets
 import subprocess
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 
@@ -49,6 +49,9 @@ class Cluster:
     # host -> {channel name -> folder}: channels whose data differs per host, as S3's
     # ShardedByS3Key gives each host its own objects
     host_channels: Mapping[str, Mapping[str, Path]] = dataclasses.field(default_factory=dict)
+    # host -> the command its container runs instead of `train` (a benchmark's floor: a bare
+    # launcher started with no entry point)
+    host_commands: Mapping[str, Sequence[str]] = dataclasses.field(default_factory=dict)
 
     @property
     def network(self) -> str:
@@ -100,7 +103,8 @@ class Cluster:
             args += ["--volume", f"{self.checkpoint_dir}:/opt/ml/checkpoints"]
         for name, value in env.items():
             args += ["--env", f"{name}={value}"]
-        return docker_command(self.docker, *args, self.image, "train", check=False)
+        command = self.host_commands.get(host, ("train",))
+        return docker_command(self.docker, *args, self.image, *command, check=False)
 
     def wait(self, timeout: float, hosts: Iterable[str] | None = None) -> dict[str, int]:
         """Exit code per host; raises TimeoutError naming the hosts still running. One
