@@ -131,6 +131,8 @@ class JobShape:
     custom_mpi_options: tuple[str, ...] = ()
     # How mpirun reaches the workers (Backend.MPI only).
     remote_shell: RemoteShell = RemoteShell.SSH
+    # The channel launch's call-back deadline (orted_callback_timeout); None: the default.
+    orted_callback_timeout_s: float | None = None
 
     @property
     def is_master(self) -> bool:
@@ -165,6 +167,22 @@ class VerdictRule(enum.Enum):
     CHIEF = "chief"
 
 
+def default_callback_timeout_s(host_count: int) -> float:
+    """60 s, or 1 s per host from 60 hosts on: orted calls back within a second of its start
+    on an idle host, and the master's agents (one Python process per worker, all at once) take
+    longer at scale on few cores (docs/design.md has the measurements)."""
+    return max(60.0, float(host_count))
+
+
+@dataclasses.dataclass(frozen=True)
+class CallbackDeadline:
+    """The channel launch's own deadline (mpirun has none): every host in `hosts` must report
+    its orted's call-back to mpirun within `timeout_s` of mpirun's start, or the job fails."""
+
+    hosts: tuple[str, ...]
+    timeout_s: float
+
+
 @dataclasses.dataclass(frozen=True)
 class MpiLaunch:
     """One mpirun on the master, which starts every rank (orted on the workers, over ssh or over
@@ -176,6 +194,8 @@ class MpiLaunch:
     argv: tuple[str, ...]
     env: Mapping[str, str]
     remote_shell: RemoteShell = RemoteShell.SSH
+    # The channel launch's call-back deadline (None over ssh).
+    callback_deadline: CallbackDeadline | None = None
 
     worker_reports_exit: ClassVar[bool] = False
     worker_starts_on_start: ClassVar[bool] = False
@@ -283,7 +303,15 @@ LaunchBuilder = Callable[[JobShape, Mapping[str, str]], Launch]
 def mpi_launch(shape: JobShape, env: Mapping[str, str]) -> MpiLaunch:
     """Backend.MPI: one mpirun over every host."""
     argv = tuple(build_mpirun_argv(shape, env))
-    return MpiLaunch(argv=argv, env=env, remote_shell=shape.remote_shell)
+    deadline = None
+    if shape.remote_shell is RemoteShell.CHANNEL and shape.worker_hosts:
+        timeout_s = shape.orted_callback_timeout_s
+        if timeout_s is None:
+            timeout_s = default_callback_timeout_s(len(shape.hosts))
+        deadline = CallbackDeadline(shape.worker_hosts, timeout_s)
+    return MpiLaunch(
+        argv=argv, env=env, remote_shell=shape.remote_shell, callback_deadline=deadline
+    )
 
 
 def program_launch(shape: JobShape, env: Mapping[str, str]) -> ProcessesLaunch:
@@ -381,6 +409,7 @@ def make_plan(
         backend=contract.settings.backend,
         custom_mpi_options=contract.settings.custom_mpi_options,
         remote_shell=RemoteShell(contract.settings.remote_shell),
+        orted_callback_timeout_s=contract.settings.orted_callback_timeout_s,
     )
     # The toolkit's SAGEMAKER_JOB_NAME, SAGEMAKER_REGION and SM_LOG_LEVEL reach the program.
     base = {**(env or {}), **contract.toolkit_environment}

@@ -41,6 +41,7 @@ from entrypoint.remote_shell import (
     AGENT_SOCKET_ENV,
     REMOTE_SHELL_CATALOG,
     AgentRelay,
+    OrtedCallbacks,
     OrtedSpawner,
 )
 
@@ -501,13 +502,24 @@ def run_host(
     if relay_dir is not None and isinstance(launch, MpiLaunch):
         socket_path = str(Path(relay_dir) / "agent.sock")
         launch = dataclasses.replace(launch, env={**launch.env, AGENT_SOCKET_ENV: socket_path})
-    part = local_part(launch, is_master=plan.is_master)
+    # The master's record of the workers' orted call-backs, for the deadline mpirun lacks.
+    callbacks = OrtedCallbacks() if relay_dir is not None else None
+    part = local_part(
+        launch,
+        is_master=plan.is_master,
+        called_back=callbacks.called_back if callbacks is not None else None,
+    )
     # sshd first: a worker that connects to the channel is one that mpirun can reach.
     sshd = Sshd(plan.current_host) if job_key and launch.runs_sshd else None
     try:
         if plan.is_master:
             channel = (
-                MasterChannel(job_key=job_key, workers=plan.worker_hosts, catalog=catalog)
+                MasterChannel(
+                    job_key=job_key,
+                    workers=plan.worker_hosts,
+                    catalog=catalog,
+                    handlers=callbacks.handlers() if callbacks is not None else None,
+                )
                 if job_key
                 else None
             )
