@@ -34,7 +34,7 @@ SIGTERM_GRACE_SECONDS = "sigterm_grace_seconds"
 MPI_REMOTE_SHELL = "mpi_remote_shell"
 REMOTE_SHELLS = ("channel", "ssh")
 # Seconds the channel launch waits for every worker's orted to call back to mpirun (which has
-# no such deadline of its own); default plan.default_callback_timeout_s.
+# no such deadline of its own); default 60 s + 1 s per host (plan.default_callback_timeout_s).
 ORTED_CALLBACK_TIMEOUT = "orted_callback_timeout"
 ENTRYPOINT_HYPERPARAMETERS = (
     RANKS_PER_HOST,

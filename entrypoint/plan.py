@@ -168,10 +168,12 @@ class VerdictRule(enum.Enum):
 
 
 def default_callback_timeout_s(host_count: int) -> float:
-    """60 s, or 1 s per host from 60 hosts on: orted calls back within a second of its start
-    on an idle host, and the master's agents (one Python process per worker, all at once) take
-    longer at scale on few cores (docs/design.md has the measurements)."""
-    return max(60.0, float(host_count))
+    """60 s plus 1 s per host. An orted calls back within about a second of its exec; the rest
+    is mpirun's start and its agents (one Python process per worker, started at once on the
+    master), which grows with the host count on few cores: every worker had called back 1.1 s
+    after mpirun started at 2 hosts, 2.5 s at 16 and 26 s at 48 on this project's 2-core test
+    machine under load (docs/design.md), so this keeps a margin of about four there."""
+    return 60.0 + host_count
 
 
 @dataclasses.dataclass(frozen=True)

@@ -162,7 +162,7 @@ def late_daemons(
 
 def missed_callback_message(late: Sequence[str], timeout_s: float) -> str:
     """The failure line's message for late_daemons' hosts."""
-    return f"orted on {', '.join(late)} did not call back to mpirun within {timeout_s:.0f} s"
+    return f"orted on {', '.join(late)} did not call back to mpirun within {timeout_s:g} s"
 
 
 # --------------------------------------------------------------------------------------------

@@ -49,6 +49,9 @@ class Cluster:
     # host -> {channel name -> folder}: channels whose data differs per host, as S3's
     # ShardedByS3Key gives each host its own objects
     host_channels: Mapping[str, Mapping[str, Path]] = dataclasses.field(default_factory=dict)
+    # host -> {host file: path in the container}, bind-mounted read-only over the image's file:
+    # fault tests replace a program of the image from outside (no test switch in the product)
+    host_files: Mapping[str, Mapping[Path, str]] = dataclasses.field(default_factory=dict)
 
     @property
     def network(self) -> str:
@@ -98,6 +101,8 @@ class Cluster:
             args += ["--volume", f"{self.code_dir}:/opt/ml/code:ro"]
         if self.checkpoint_dir is not None:
             args += ["--volume", f"{self.checkpoint_dir}:/opt/ml/checkpoints"]
+        for source, target in self.host_files.get(host, {}).items():
+            args += ["--volume", f"{source}:{target}:ro"]
         for name, value in env.items():
             args += ["--env", f"{name}={value}"]
         return docker_command(self.docker, *args, self.image, "train", check=False)

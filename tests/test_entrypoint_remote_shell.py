@@ -240,7 +240,7 @@ def test_the_missed_call_back_message_names_the_hosts():
         "orted on algo-2 did not call back to mpirun within 60 s"
     )
     assert missed_callback_message(("algo-2", "algo-4"), 7.5) == (
-        "orted on algo-2, algo-4 did not call back to mpirun within 8 s"
+        "orted on algo-2, algo-4 did not call back to mpirun within 7.5 s"
     )
 
 
