@@ -477,8 +477,9 @@ def _accuracy_from(raw: dict | None) -> AccuracyResult | None:
 def _torch_from(raw: dict | None) -> TorchResult | None:
     if raw is None:
         return None
-    overhead = tuple(_overhead_run(run) for run in raw["overhead_runs"])
-    faults = tuple(_fault_run(run) for run in raw["fault_runs"])
+    # The torch section's launchers ("ours", "torchrun") were never renamed.
+    overhead = tuple(_overhead_run(run, LAUNCHER_NAMES_VERSION) for run in raw["overhead_runs"])
+    faults = tuple(_fault_run(run, LAUNCHER_NAMES_VERSION) for run in raw["fault_runs"])
     return TorchResult(**{**raw, "overhead_runs": overhead, "fault_runs": faults})
 
 

@@ -33,11 +33,15 @@ SIGTERM_GRACE_SECONDS = "sigterm_grace_seconds"
 # coordination channel, no sshd) or "ssh" (sshd on every host): plan.RemoteShell.
 MPI_REMOTE_SHELL = "mpi_remote_shell"
 REMOTE_SHELLS = ("channel", "ssh")
+# Seconds the channel launch waits for every worker's orted to call back to mpirun (which has
+# no such deadline of its own); default 60 s + 1 s per host (plan.default_callback_timeout_s).
+ORTED_CALLBACK_TIMEOUT = "orted_callback_timeout"
 ENTRYPOINT_HYPERPARAMETERS = (
     RANKS_PER_HOST,
     HOST_WAIT_TIMEOUT,
     SIGTERM_GRACE_SECONDS,
     MPI_REMOTE_SHELL,
+    ORTED_CALLBACK_TIMEOUT,
 )
 # The toolkit's own parameters (sagemaker_program, sagemaker_region, ...) share this prefix; the
 # names are the sagemaker-training toolkit's (sagemaker_training/params.py), which the SageMaker
@@ -197,6 +201,8 @@ class EntrypointSettings:
     log_level: int = logging.INFO
     # mpi_remote_shell: one of REMOTE_SHELLS.
     remote_shell: str = "channel"
+    # orted_callback_timeout; None: the default for the job's host count.
+    orted_callback_timeout_s: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -498,6 +504,11 @@ def parse_entrypoint_settings(hyperparameters: Mapping[str, Any]) -> EntrypointS
             else logging.INFO
         ),
         remote_shell=_remote_shell(hyperparameters.get(MPI_REMOTE_SHELL, "channel")),
+        orted_callback_timeout_s=(
+            seconds(ORTED_CALLBACK_TIMEOUT, 0.0)
+            if ORTED_CALLBACK_TIMEOUT in hyperparameters
+            else None
+        ),
     )
 
 

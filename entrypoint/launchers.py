@@ -1,8 +1,10 @@
 """The launcher interface: what one host runs of the job, as the supervising loops see it.
 
 `local_part` turns the plan's Launch (plan.py) into this host's LocalPart, in one match:
-- MpiLaunch: the master runs `mpirun` (MpirunPart), whose exit code is the job's; a worker's part
-  is the orted that mpirun starts over ssh (OrtedPart: it reports nothing, mpirun already knows).
+- MpiLaunch: the master runs `mpirun` (MpirunPart), whose exit code is the job's; under the
+  channel launch with the call-back deadline mpirun lacks (ChannelMpirunPart). A worker's part
+  is the orted that mpirun starts over ssh or the channel (OrtedPart: it reports nothing, mpirun
+  already knows).
 - ProcessesLaunch: every host runs its own processes and reports how they ended over the
   coordination channel: the program itself (ProgramPart, per-host mode), or tf.distribute's
   tasks (TaskGroupPart, one process per task); the master decides by the launch's verdict rule.
@@ -21,14 +23,25 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Protocol, assert_never
 
 import psutil
 
-from entrypoint.plan import HostProcess, Launch, MpiLaunch, ProcessesLaunch
+from entrypoint.plan import (
+    CallbackDeadline,
+    HostProcess,
+    Launch,
+    MpiLaunch,
+    ProcessesLaunch,
+)
 from entrypoint.protocol import first_decisive
+from entrypoint.remote_shell import (
+    CALLBACK_MISSED_EXIT_CODE,
+    late_daemons,
+    missed_callback_message,
+)
 
 log = logging.getLogger("entrypoint")
 
@@ -63,6 +76,9 @@ class ErrorLine:
 
     text: str
     host: str | None = None
+    # The part ended itself for this reason (a deadline of ours), not a child's exit code:
+    # the failure is the line itself, with no "exited with code".
+    explains_exit: bool = False
 
 
 # --------------------------------------------------------------------------------------------
@@ -284,6 +300,65 @@ class MpirunPart(_ChildProcess):
         signal_processes(ranks_below([mpirun] if mpirun else []), signal.SIGTERM)
 
 
+class ChannelMpirunPart(MpirunPart):
+    """The master's MPI part under the channel launch: mpirun, and the deadline it lacks for
+    its daemons' call-back (OpenMPI 4.1 waits forever for an orted that never connects, or for
+    one whose agent exited 0 without starting it). `called_back` gives the workers that
+    reported their orted connected to mpirun (remote_shell.OrtedCallbacks); once the deadline
+    passed without one of them, the part has ended with CALLBACK_MISSED_EXIT_CODE, naming them
+    (the loop then ends mpirun, as for any failure)."""
+
+    def __init__(
+        self,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        deadline: CallbackDeadline,
+        called_back: Callable[[], Collection[str]],
+        clock: Callable[[], float] = time.monotonic,
+        *,
+        rank_hosts: Sequence[str] = (),
+    ) -> None:
+        super().__init__(argv, env, rank_hosts)
+        self._deadline = deadline
+        self._called_back = called_back
+        self._clock = clock
+        self._started_at: float | None = None
+        self._late: tuple[str, ...] = ()
+        self._all_in = False
+
+    def start(self) -> None:
+        super().start()
+        self._started_at = self._clock()
+
+    def poll(self) -> int | None:
+        code = super().poll()
+        if code is not None or self._started_at is None:
+            return code
+        if self._late:
+            return CALLBACK_MISSED_EXIT_CODE
+        if self._all_in:
+            return None
+        elapsed = self._clock() - self._started_at
+        called_back = self._called_back()
+        self._late = late_daemons(
+            self._deadline.hosts, called_back, elapsed, self._deadline.timeout_s
+        )
+        if self._late:
+            log.error("%s", missed_callback_message(self._late, self._deadline.timeout_s))
+            return CALLBACK_MISSED_EXIT_CODE
+        if set(self._deadline.hosts) <= set(called_back):
+            self._all_in = True
+            log.info("every worker's orted called back %.2f s after mpirun started", elapsed)
+        return None
+
+    def failure_detail(self) -> ErrorLine | None:
+        if self._late:
+            # The whole reason: mpirun did not exit, this part ended it (on the first late host).
+            message = missed_callback_message(self._late, self._deadline.timeout_s)
+            return ErrorLine(message, self._late[0], explains_exit=True)
+        return super().failure_detail()
+
+
 class OrtedPart:
     """A worker's MPI part: nothing to start (mpirun's orted arrives over ssh), nothing to
     report (mpirun knows); SIGTERM goes to the ranks below orted, `end` kills orted's tree."""
@@ -394,9 +469,24 @@ class TaskGroupPart:
 # The one place a Launch becomes a LocalPart
 
 
-def local_part(launch: Launch, *, is_master: bool) -> LocalPart:
-    """This host's part of the job."""
+def local_part(
+    launch: Launch,
+    *,
+    is_master: bool,
+    called_back: Callable[[], Collection[str]] | None = None,
+) -> LocalPart:
+    """This host's part of the job; `called_back`: the workers whose orted reported its
+    call-back to mpirun (the master's part under the channel launch needs it)."""
     match launch:
+        case MpiLaunch(
+            argv=argv,
+            env=env,
+            rank_hosts=rank_hosts,
+            callback_deadline=CallbackDeadline() as deadline,
+        ) if is_master:
+            if called_back is None:
+                raise ValueError("the channel launch's mpirun part needs the call-back reports")
+            return ChannelMpirunPart(argv, env, deadline, called_back, rank_hosts=rank_hosts)
         case MpiLaunch(argv=argv, env=env, rank_hosts=rank_hosts):
             return MpirunPart(argv, env, rank_hosts) if is_master else OrtedPart()
         case ProcessesLaunch(processes=(HostProcess(task=None) as program,)):

@@ -139,3 +139,30 @@ def parse_orted_command(words: Sequence[str]) -> OrtedCommand:
     if program not in allowed:
         raise RefusedCommandError(f"{program!r} is not OpenMPI's orted")
     return OrtedCommand(_options(options), prefix)
+
+
+# orte_hnp_uri: "<jobid>.<vpid>;tcp://<ip>[,<ip>...]:<port>[;tcp6://[<ip6>][,...]:<port>]"
+# (OpenMPI 4.1 oob/tcp's contact info): where mpirun listens for its daemons' call-back.
+_HNP_URI_KEY = "orte_hnp_uri"
+_TCP_CONTACT = re.compile(r"tcp6?://(?P<addresses>[^;]+):(?P<port>\d+)")
+
+
+def hnp_addresses(options: Sequence[str]) -> frozenset[tuple[str, int]]:
+    """The (address, port) pairs of mpirun's call-back socket, from orted's `-mca orte_hnp_uri`
+    option (empty when there is none): an orted has called back once it holds an established
+    TCP connection to one of them."""
+    values = [
+        options[index + 2]
+        for index in range(len(options) - 2)
+        if options[index] == "-mca" and options[index + 1] == _HNP_URI_KEY
+    ]
+    found: set[tuple[str, int]] = set()
+    for value in values:
+        for contact in value.split(";")[1:]:
+            match = _TCP_CONTACT.fullmatch(contact)
+            if match is None:
+                continue
+            port = int(match.group("port"))
+            for address in match.group("addresses").split(","):
+                found.add((address.strip("[]"), port))
+    return frozenset(found)

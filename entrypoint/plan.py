@@ -133,6 +133,8 @@ class JobShape:
     remote_shell: RemoteShell = RemoteShell.SSH
     # The interpreter program_argv starts a Python program with.
     python: str = "python"
+    # The channel launch's call-back deadline (orted_callback_timeout); None: the default.
+    orted_callback_timeout_s: float | None = None
 
     @property
     def is_master(self) -> bool:
@@ -167,6 +169,24 @@ class VerdictRule(enum.Enum):
     CHIEF = "chief"
 
 
+def default_callback_timeout_s(host_count: int) -> float:
+    """60 s plus 1 s per host. An orted calls back within about a second of its exec; the rest
+    is mpirun's start and its agents (one Python process per worker, started at once on the
+    master), which grows with the host count on few cores: every worker had called back 1.1 s
+    after mpirun started at 2 hosts, 2.5 s at 16, 26 s at 48 and 18 s at 70 on this project's
+    2-core test machine under load (docs/design.md): a margin of four to seven there."""
+    return 60.0 + host_count
+
+
+@dataclasses.dataclass(frozen=True)
+class CallbackDeadline:
+    """The channel launch's own deadline (mpirun has none): every host in `hosts` must report
+    its orted's call-back to mpirun within `timeout_s` of mpirun's start, or the job fails."""
+
+    hosts: tuple[str, ...]
+    timeout_s: float
+
+
 @dataclasses.dataclass(frozen=True)
 class MpiLaunch:
     """One mpirun on the master, which starts every rank (orted on the workers, over ssh or over
@@ -180,6 +200,8 @@ class MpiLaunch:
     remote_shell: RemoteShell = RemoteShell.SSH
     # The host of each rank (index = rank), for failure lines; () where unknown (mpi_rank_hosts).
     rank_hosts: tuple[str, ...] = ()
+    # The channel launch's call-back deadline (None over ssh).
+    callback_deadline: CallbackDeadline | None = None
 
     worker_reports_exit: ClassVar[bool] = False
     worker_starts_on_start: ClassVar[bool] = False
@@ -287,8 +309,18 @@ LaunchBuilder = Callable[[JobShape, Mapping[str, str]], Launch]
 def mpi_launch(shape: JobShape, env: Mapping[str, str]) -> MpiLaunch:
     """Backend.MPI: one mpirun over every host."""
     argv = tuple(build_mpirun_argv(shape, env))
+    deadline = None
+    if shape.remote_shell is RemoteShell.CHANNEL and shape.worker_hosts:
+        timeout_s = shape.orted_callback_timeout_s
+        if timeout_s is None:
+            timeout_s = default_callback_timeout_s(len(shape.hosts))
+        deadline = CallbackDeadline(shape.worker_hosts, timeout_s)
     return MpiLaunch(
-        argv=argv, env=env, remote_shell=shape.remote_shell, rank_hosts=mpi_rank_hosts(shape)
+        argv=argv,
+        env=env,
+        remote_shell=shape.remote_shell,
+        callback_deadline=deadline,
+        rank_hosts=mpi_rank_hosts(shape),
     )
 
 
@@ -388,6 +420,7 @@ def make_plan(
         custom_mpi_options=contract.settings.custom_mpi_options,
         remote_shell=RemoteShell(contract.settings.remote_shell),
         python=python,
+        orted_callback_timeout_s=contract.settings.orted_callback_timeout_s,
     )
     # The toolkit's SAGEMAKER_JOB_NAME, SAGEMAKER_REGION and SM_LOG_LEVEL reach the program.
     base = {**(env or {}), **contract.toolkit_environment}

@@ -6,6 +6,13 @@
           spawner: parse_orted_command (orted_command.py) ──execve──► orted (its child)
         ◄── Response(Spawned{exit_code, output}) when orted exits
       agent prints the output, exits with orted's code  ──► mpirun (non-zero aborts the job)
+        ◄── CalledBack{after_s} once orted holds a TCP connection to mpirun (orte_hnp_uri)
+
+mpirun (OpenMPI 4.1) has no deadline for a daemon's call-back: an agent that exits 0 without
+a daemon, or an orted that never connects (or exits 0 before it does), leaves it waiting
+forever. So each worker reports its orted's call-back (`CalledBack`), and the master's part
+(launchers.ChannelMpirunPart) fails the job naming every worker not heard from within the
+deadline (`late_daemons`, `orted_callback_timeout`).
 
 The agent session lives as long as its orted, as an ssh session would without --daemonize, so an
 orted that dies, a lost worker or a killed agent each end mpirun at once. A Spawn is only ever
@@ -26,11 +33,19 @@ import shutil
 import socket
 import socketserver
 import threading
-from collections.abc import Coroutine, Sequence
+import time
+from collections.abc import Collection, Coroutine, Iterable, Sequence
 from pathlib import Path
 from typing import Any, Protocol, Self
 
-from entrypoint.orted_command import ORTED, RefusedCommandError, parse_orted_command
+import psutil
+
+from entrypoint.orted_command import (
+    ORTED,
+    RefusedCommandError,
+    hnp_addresses,
+    parse_orted_command,
+)
 from entrypoint.protocol import (
     CATALOG,
     Catalog,
@@ -54,6 +69,11 @@ NOT_RUN_EXIT_CODE = 255
 # orted's last output that travels back to mpirun (a frame is at most 16 KiB).
 OUTPUT_TAIL_CHARS = 4000
 _MAX_AGENT_REQUEST_BYTES = 256 * 1024
+# How often a worker looks for its orted's connection to mpirun until it has one (orted
+# usually calls back within a second of its start; nothing is polled after that).
+CALLBACK_POLL_S = 0.05
+# The master part's exit code when a daemon did not call back in time (mpirun still waits).
+CALLBACK_MISSED_EXIT_CODE = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,7 +115,54 @@ class Spawned(Message):
         return cls(_exit_code(fields.get("exit_code")), output)
 
 
-REMOTE_SHELL_CATALOG: Catalog = {**CATALOG, **catalog(Spawn, Spawned)}
+@dataclasses.dataclass(frozen=True)
+class CalledBack(Message):
+    """Worker to master: the orted of this host's Spawn now holds a TCP connection to mpirun
+    (`after_s` seconds after it started): mpirun has its daemon here."""
+
+    TYPE = "called_back"
+    TRAVELS = frozenset({Direction.TO_MASTER})
+
+    after_s: float
+
+    @classmethod
+    def from_json(cls, fields: Fields, catalog: Catalog) -> Self:
+        after = fields.get("after_s")
+        if not isinstance(after, int | float) or isinstance(after, bool) or not after >= 0:
+            raise ProtocolError(f"CalledBack's after_s {after!r} is not a number of seconds")
+        return cls(float(after))
+
+
+REMOTE_SHELL_CATALOG: Catalog = {**CATALOG, **catalog(Spawn, Spawned, CalledBack)}
+
+
+# --------------------------------------------------------------------------------------------
+# The call-back deadline (pure)
+
+# A TCP connection as the worker sees it: (status, remote address), psutil's names.
+Connection = tuple[str, tuple[str, int] | tuple[()]]
+
+
+def has_called_back(connections: Iterable[Connection], hnp: Collection[tuple[str, int]]) -> bool:
+    """Whether one of orted's connections is an established one to mpirun's call-back socket."""
+    return any(
+        status == psutil.CONN_ESTABLISHED and tuple(remote) in hnp for status, remote in connections
+    )
+
+
+def late_daemons(
+    expected: Sequence[str], called_back: Collection[str], elapsed_s: float, timeout_s: float
+) -> tuple[str, ...]:
+    """The hosts (in `expected`'s order) whose orted has not called back to mpirun once
+    `timeout_s` passed since mpirun started; none before that."""
+    if elapsed_s < timeout_s:
+        return ()
+    return tuple(host for host in expected if host not in called_back)
+
+
+def missed_callback_message(late: Sequence[str], timeout_s: float) -> str:
+    """The failure line's message for late_daemons' hosts."""
+    return f"orted on {', '.join(late)} did not call back to mpirun within {timeout_s:g} s"
 
 
 # --------------------------------------------------------------------------------------------
@@ -116,7 +183,7 @@ class OrtedSpawner:
         return {Spawn: self.on_spawn}
 
     def on_spawn(
-        self, _session: Session, message: Message
+        self, session: Session, message: Message
     ) -> Spawned | Coroutine[Any, Any, Spawned]:
         if not isinstance(message, Spawn):
             raise TypeError(f"{type(message).__name__} is not a Spawn")
@@ -137,10 +204,18 @@ class OrtedSpawner:
             log.error("refused to run a remote command from the master: %s", refusal)
             return Spawned(NOT_RUN_EXIT_CODE, f"{self._host}: refused: {refusal}\n")
         self._spawned = True
-        return self._run([own, *command.options], command.environment(self._env))
+        hnp = hnp_addresses(command.options)
+        return self._run(session, [own, *command.options], command.environment(self._env), hnp)
 
-    async def _run(self, argv: list[str], env: dict[str, str]) -> Spawned:
+    async def _run(
+        self,
+        session: Session,
+        argv: list[str],
+        env: dict[str, str],
+        hnp: frozenset[tuple[str, int]],
+    ) -> Spawned:
         log.info("starting orted for mpirun (%d options)", len(argv) - 1)
+        started = time.monotonic()
         process = await asyncio.create_subprocess_exec(
             *argv,
             env=env,
@@ -150,20 +225,72 @@ class OrtedSpawner:
             # Its own group: the worker's teardown kills orted's tree (launchers.OrtedPart).
             start_new_session=True,
         )
+        watch = asyncio.create_task(_report_callback(session, process.pid, hnp, started))
         tail = ""
-        if process.stdout is not None:  # always, with PIPE
-            async for raw in process.stdout:
-                line = raw.decode(errors="replace")
-                log.info("orted: %s", line.rstrip())
-                tail = (tail + line)[-OUTPUT_TAIL_CHARS:]
-        code = await process.wait()
+        try:
+            if process.stdout is not None:  # always, with PIPE
+                async for raw in process.stdout:
+                    line = raw.decode(errors="replace")
+                    log.info("orted: %s", line.rstrip())
+                    tail = (tail + line)[-OUTPUT_TAIL_CHARS:]
+            code = await process.wait()
+        finally:
+            watch.cancel()
         log.info("orted ended with code %d", code)
         # A signal death is -N here; ssh reports 128+N, never 0.
         return Spawned(code if code >= 0 else 128 - code, tail)
 
 
+def _tcp_connections(pid: int) -> list[Connection]:
+    try:
+        return [(c.status, c.raddr) for c in psutil.Process(pid).net_connections(kind="tcp")]
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return []
+
+
+async def _report_callback(
+    session: Session, pid: int, hnp: frozenset[tuple[str, int]], started: float
+) -> None:
+    """Tell the master once orted (`pid`) is connected to mpirun; cancelled when orted ends."""
+    if not hnp:
+        log.error("orted's command names no mpirun address (orte_hnp_uri): cannot report it")
+        return
+    while not has_called_back(_tcp_connections(pid), hnp):
+        await asyncio.sleep(CALLBACK_POLL_S)
+    after = time.monotonic() - started
+    log.info("orted called back to mpirun %.2f s after it started", after)
+    session.send(CalledBack(round(after, 3)))
+
+
 # --------------------------------------------------------------------------------------------
 # Master
+
+
+class OrtedCallbacks:
+    """The master's record of the workers whose orted called back (CalledBack), for the
+    call-back deadline (launchers.ChannelMpirunPart); its handler runs on the channel's loop."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._hosts: set[str] = set()
+
+    def handlers(self) -> Handlers:
+        return {CalledBack: self.on_called_back}
+
+    def on_called_back(self, session: Session, message: Message) -> None:
+        if not isinstance(message, CalledBack):
+            raise TypeError(f"{type(message).__name__} is not a CalledBack")
+        with self._lock:
+            self._hosts.add(session.peer)
+        log.info(
+            "orted on %s called back to mpirun (%.2f s after it started)",
+            session.peer,
+            message.after_s,
+        )
+
+    def called_back(self) -> frozenset[str]:
+        with self._lock:
+            return frozenset(self._hosts)
 
 
 def agent_request(host: str, words: Sequence[str]) -> bytes:

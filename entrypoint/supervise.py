@@ -41,6 +41,7 @@ from entrypoint.remote_shell import (
     AGENT_SOCKET_ENV,
     REMOTE_SHELL_CATALOG,
     AgentRelay,
+    OrtedCallbacks,
     OrtedSpawner,
 )
 
@@ -249,23 +250,21 @@ def _part_failure(host: str, part: LocalPart, exit_code: int) -> Failure | None:
     """The failure of a local part that ended with `exit_code` (None for success)."""
     if exit_code == 0:
         return None
-    detail = part.failure_detail()
-    return Failure(
-        Reason.TRAINING_FAILED,
-        f"the program exited with code {exit_code}"
-        + (f"; last error: {detail.text}" if detail else ""),
-        detail.host or host if detail else host,
-    )
+    return _failure_message(part, f"the program exited with code {exit_code}").failure_on(host)
 
 
 def _mpirun_failure(part: LocalPart, exit_code: int) -> JobError:
+    return _failure_message(part, f"mpirun exited with code {exit_code}", exit_code)
+
+
+def _failure_message(part: LocalPart, exited: str, exit_code: int = 1) -> JobError:
+    """A part's failure: how it exited and its last error line, on that line's host; or the
+    part's own reason where it ended itself (ErrorLine.explains_exit)."""
     detail = part.failure_detail()
-    return JobError(
-        Reason.TRAINING_FAILED,
-        f"mpirun exited with code {exit_code}" + (f"; last error: {detail.text}" if detail else ""),
-        exit_code,
-        detail.host if detail else None,
-    )
+    if detail is None:
+        return JobError(Reason.TRAINING_FAILED, exited, exit_code)
+    message = detail.text if detail.explains_exit else f"{exited}; last error: {detail.text}"
+    return JobError(Reason.TRAINING_FAILED, message, exit_code, detail.host)
 
 
 class _Grace:
@@ -507,13 +506,24 @@ def run_host(
     if relay_dir is not None and isinstance(launch, MpiLaunch):
         socket_path = str(Path(relay_dir) / "agent.sock")
         launch = dataclasses.replace(launch, env={**launch.env, AGENT_SOCKET_ENV: socket_path})
-    part = local_part(launch, is_master=plan.is_master)
+    # The master's record of the workers' orted call-backs, for the deadline mpirun lacks.
+    callbacks = OrtedCallbacks() if relay_dir is not None else None
+    part = local_part(
+        launch,
+        is_master=plan.is_master,
+        called_back=callbacks.called_back if callbacks is not None else None,
+    )
     # sshd first: a worker that connects to the channel is one that mpirun can reach.
     sshd = Sshd(plan.current_host) if job_key and launch.runs_sshd else None
     try:
         if plan.is_master:
             channel = (
-                MasterChannel(job_key=job_key, workers=plan.worker_hosts, catalog=catalog)
+                MasterChannel(
+                    job_key=job_key,
+                    workers=plan.worker_hosts,
+                    catalog=catalog,
+                    handlers=callbacks.handlers() if callbacks is not None else None,
+                )
                 if job_key
                 else None
             )

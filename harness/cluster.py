@@ -52,6 +52,9 @@ class Cluster:
     # host -> the command its container runs instead of `train` (a benchmark's floor: a bare
     # launcher started with no entry point)
     host_commands: Mapping[str, Sequence[str]] = dataclasses.field(default_factory=dict)
+    # host -> {host file: path in the container}, bind-mounted read-only over the image's file:
+    # fault tests replace a program of the image from outside (no test switch in the product)
+    host_files: Mapping[str, Mapping[Path, str]] = dataclasses.field(default_factory=dict)
 
     @property
     def network(self) -> str:
@@ -101,6 +104,8 @@ class Cluster:
             args += ["--volume", f"{self.code_dir}:/opt/ml/code:ro"]
         if self.checkpoint_dir is not None:
             args += ["--volume", f"{self.checkpoint_dir}:/opt/ml/checkpoints"]
+        for source, target in self.host_files.get(host, {}).items():
+            args += ["--volume", f"{source}:{target}:ro"]
         for name, value in env.items():
             args += ["--env", f"{name}={value}"]
         command = self.host_commands.get(host, ("train",))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import time
+from pathlib import Path
 
 import pytest
 
@@ -70,6 +71,58 @@ def test_the_agent_killed_on_the_master_fails_every_host(make_cluster):
         make_cluster, "agent killed", "algo-1", ["pkill", "-KILL", "-f", "sm-horovod-rsh-agent"]
     )
     assert "algo-2" in cluster.logs("algo-1"), cluster.describe()
+
+
+# The call-back deadline these tests ask for (orted_callback_timeout), to stay fast.
+CALLBACK_TIMEOUT_S = 5.0
+AGENT = "/opt/venv/bin/sm-horovod-rsh-agent"
+ORTED = "/usr/bin/orted"
+
+
+def replacement(folder: Path, name: str, script: str) -> Path:
+    """An executable shell script to mount over a program of the image."""
+    folder.mkdir(exist_ok=True)
+    path = folder / name
+    path.write_text(f"#!/bin/sh\n{script}\n")
+    path.chmod(0o755)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("replaced_on", "program", "script"),
+    [
+        # mpirun's agent exits 0 and never asks for a daemon: the worker gets no Spawn.
+        ("algo-1", AGENT, "exit 0"),
+        # orted starts but never connects to mpirun.
+        ("algo-2", ORTED, "exec sleep 600"),
+        # orted exits 0 before it connects (the agent then exits 0 too).
+        ("algo-2", ORTED, "exit 0"),
+    ],
+    ids=["agent-exits-0", "orted-never-connects", "orted-exits-0-first"],
+)
+def test_a_daemon_that_never_calls_back_fails_every_host_naming_it(
+    make_cluster, tmp_path, replaced_on, program, script
+):
+    """mpirun waits forever for such a daemon; our deadline ends every host instead."""
+    fake = replacement(tmp_path / "fake", Path(program).name, script)
+    cluster = make_cluster(
+        2,
+        hyperparameters=channel_mode(orted_callback_timeout=str(CALLBACK_TIMEOUT_S)),
+        code_dir=PROGRAMS,
+        host_files={replaced_on: {fake: program}},
+    )
+    cluster.start()
+    cluster.wait_for_log("algo-1", "running 2 ranks on 2 hosts", timeout=120)
+    started = time.time()
+    codes = cluster.wait(timeout=60)
+    expected = "orted on algo-2 did not call back to mpirun within 5 s"
+    for host in cluster.hosts:
+        assert codes[host] != 0, cluster.describe()
+        assert cluster.exit_time(host) - started < CALLBACK_TIMEOUT_S + 10, cluster.describe()
+        # The line is the deadline's own (mpirun did not exit), on the late host.
+        assert cluster.failure(host) == f"TrainingFailed: {expected} (on algo-2)", (
+            cluster.describe()
+        )
 
 
 def test_allreduce_over_ssh_when_asked(make_cluster):

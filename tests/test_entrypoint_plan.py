@@ -9,6 +9,7 @@ import pytest
 
 from entrypoint.contract import ContractError, parse_contract
 from entrypoint.launchers import (
+    ChannelMpirunPart,
     ErrorLine,
     MpirunPart,
     OrtedPart,
@@ -20,12 +21,14 @@ from entrypoint.launchers import (
     torchrun_root_cause,
 )
 from entrypoint.plan import (
+    CallbackDeadline,
     HostProcess,
     MpiLaunch,
     ProcessesLaunch,
     RemoteShell,
     VerdictRule,
     build_mpirun_argv,
+    default_callback_timeout_s,
     format_command,
     is_exportable,
     make_plan,
@@ -91,6 +94,34 @@ def test_the_channel_launch_replaces_ssh_options_with_the_agent_and_no_tree_spaw
     assert "plm_rsh_args" not in argv
     assert plan.launch.remote_shell is RemoteShell.CHANNEL
     assert not plan.launch.runs_sshd
+
+
+def test_the_channel_launch_has_a_call_back_deadline_for_every_worker():
+    hosts = ("algo-1", "algo-2", "algo-3")
+    plan = make_plan(contract(hosts=hosts), gpu_count=0)
+    assert plan.launch.callback_deadline == CallbackDeadline(("algo-2", "algo-3"), 63.0)
+    asked = make_plan(
+        contract(hosts=hosts, hyperparameters={"orted_callback_timeout": "7.5"}), gpu_count=0
+    )
+    assert asked.launch.callback_deadline == CallbackDeadline(("algo-2", "algo-3"), 7.5)
+    # The hyperparameter is the entry point's, not the program's.
+    assert "orted_callback_timeout" not in asked.command
+    ssh = {"mpi_remote_shell": "ssh", "orted_callback_timeout": "7.5"}
+    assert make_plan(contract(hyperparameters=ssh), gpu_count=0).launch.callback_deadline is None
+    # One host: mpirun starts no orted anywhere.
+    single = make_plan(contract(hosts=("algo-1",)), gpu_count=0)
+    assert single.launch.callback_deadline is None
+
+
+@pytest.mark.parametrize(("hosts", "expected"), [(2, 62.0), (48, 108.0), (128, 188.0)])
+def test_the_default_call_back_deadline_is_60_s_plus_1_s_per_host(hosts, expected):
+    assert default_callback_timeout_s(hosts) == expected
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "soon"])
+def test_a_bad_call_back_deadline_is_refused(value):
+    with pytest.raises(ContractError, match="orted_callback_timeout"):
+        make_plan(contract(hyperparameters={"orted_callback_timeout": value}), gpu_count=0)
 
 
 @pytest.mark.parametrize("value", ["rsh", "", "kubectl"])
@@ -302,9 +333,11 @@ def test_local_part_follows_the_launch():
         plan = make_plan(
             contract(current=current, hyperparameters={**SCRIPT, **hyperparameters}), gpu_count=0
         )
-        return local_part(plan.launch, is_master=plan.is_master)
+        return local_part(plan.launch, is_master=plan.is_master, called_back=frozenset)
 
-    assert type(part({})) is MpirunPart
+    assert type(part({})) is ChannelMpirunPart
+    assert type(part({"mpi_remote_shell": "ssh"})) is MpirunPart
+    assert type(part({"mpi_remote_shell": "ssh"}, current="algo-2")) is OrtedPart
     assert type(part({}, current="algo-2")) is OrtedPart
     assert type(part({"sagemaker_mpi_enabled": "false"})) is ProgramPart
     assert type(part({MWMS: "true"})) is TaskGroupPart

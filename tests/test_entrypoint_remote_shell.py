@@ -4,9 +4,12 @@ real sockets with a stand-in orted on PATH."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import socket
 import stat
+import sys
 import time
 from pathlib import Path
 
@@ -14,7 +17,14 @@ import pytest
 
 from entrypoint import rsh_agent
 from entrypoint.coordination import MasterChannel, WorkerChannel
-from entrypoint.orted_command import OrtedCommand, RefusedCommandError, parse_orted_command
+from entrypoint.launchers import ChannelMpirunPart, ErrorLine
+from entrypoint.orted_command import (
+    OrtedCommand,
+    RefusedCommandError,
+    hnp_addresses,
+    parse_orted_command,
+)
+from entrypoint.plan import CallbackDeadline
 from entrypoint.protocol import (
     Direction,
     FrameReader,
@@ -30,9 +40,14 @@ from entrypoint.remote_shell import (
     NOT_RUN_EXIT_CODE,
     REMOTE_SHELL_CATALOG,
     AgentRelay,
+    CalledBack,
+    OrtedCallbacks,
     OrtedSpawner,
     Spawn,
     Spawned,
+    has_called_back,
+    late_daemons,
+    missed_callback_message,
 )
 from entrypoint.session import ChannelTiming
 
@@ -171,6 +186,140 @@ def test_a_replayed_spawn_request_is_refused():
 
 
 # --------------------------------------------------------------------------------------------
+# The call-back deadline: mpirun (OpenMPI 4.1) has none of its own.
+
+
+def test_mpiruns_call_back_address_is_read_from_orteds_options():
+    options = parse_orted_command(CAPTURED_ALGO_2[1:]).options
+    assert hnp_addresses(options) == {("172.17.0.4", 59767)}
+    # Several interfaces, and an IPv6 contact, as oob/tcp writes them.
+    uri = "1.0;tcp://10.0.0.1,10.0.1.1:4000;tcp6://[fe80::1]:4001"
+    assert hnp_addresses(("-mca", "orte_hnp_uri", uri)) == {
+        ("10.0.0.1", 4000), ("10.0.1.1", 4000), ("fe80::1", 4001),
+    }  # fmt: skip
+    assert hnp_addresses(("-mca", "ess", "env")) == frozenset()
+
+
+HNP = {("172.17.0.4", 59767)}
+
+
+@pytest.mark.parametrize(
+    ("connections", "expected"),
+    [
+        ([("ESTABLISHED", ("172.17.0.4", 59767))], True),
+        ([("LISTEN", ()), ("ESTABLISHED", ("172.17.0.4", 59767))], True),
+        # Still connecting, or connected elsewhere (a rank's peer), is no call-back.
+        ([("SYN_SENT", ("172.17.0.4", 59767))], False),
+        ([("ESTABLISHED", ("172.17.0.4", 1024)), ("ESTABLISHED", ("172.17.0.5", 59767))], False),
+        ([("LISTEN", ())], False),
+        ([], False),
+    ],
+)  # fmt: skip
+def test_an_orted_has_called_back_once_it_is_connected_to_mpirun(connections, expected):
+    assert has_called_back(connections, HNP) is expected
+
+
+@pytest.mark.parametrize(
+    ("called_back", "elapsed_s", "expected"),
+    [
+        (set(), 59.9, ()),
+        (set(), 60.0, ("algo-2", "algo-3", "algo-4")),
+        ({"algo-3"}, 61.0, ("algo-2", "algo-4")),
+        ({"algo-2", "algo-3", "algo-4", "algo-9"}, 600.0, ()),
+    ],
+)  # fmt: skip
+def test_late_daemons_are_the_workers_not_heard_from_by_the_deadline(
+    called_back, elapsed_s, expected
+):
+    workers = ("algo-2", "algo-3", "algo-4")
+    assert late_daemons(workers, called_back, elapsed_s, 60.0) == expected
+
+
+def test_the_missed_call_back_message_names_the_hosts():
+    assert missed_callback_message(("algo-2",), 60.0) == (
+        "orted on algo-2 did not call back to mpirun within 60 s"
+    )
+    assert missed_callback_message(("algo-2", "algo-4"), 7.5) == (
+        "orted on algo-2, algo-4 did not call back to mpirun within 7.5 s"
+    )
+
+
+def test_called_back_is_exact_json_from_worker_to_master_only():
+    assert message_to_json(CalledBack(0.25)) == b'{"after_s":0.25,"type":"called_back"}'
+    assert message_from_json(b'{"after_s":1,"type":"called_back"}', REMOTE_SHELL_CATALOG) == (
+        CalledBack(1.0)
+    )
+    assert CalledBack(0.0).travels(Direction.TO_MASTER)
+    assert not CalledBack(0.0).travels(Direction.TO_WORKER)
+    key = derive_job_key(b"job secret")
+    frame = FrameWriter(key, Direction.TO_WORKER).encode(CalledBack(0.5))
+    reader = FrameReader(key, Direction.TO_WORKER, catalog=REMOTE_SHELL_CATALOG)
+    with pytest.raises(ProtocolError, match="not allowed in this direction"):
+        reader.decode(frame[4:])
+    for bad in (
+        b'{"after_s":-1,"type":"called_back"}',
+        b'{"after_s":true,"type":"called_back"}',
+        b'{"type":"called_back"}',
+        b'{"after_s":1,"host":"x","type":"called_back"}',
+    ):
+        with pytest.raises(ProtocolError):
+            message_from_json(bad, REMOTE_SHELL_CATALOG)
+    with pytest.raises(ProtocolError, match="unknown"):
+        message_from_json(b'{"after_s":1,"type":"called_back"}')
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_master_part_fails_naming_the_workers_not_called_back_by_the_deadline():
+    clock = FakeClock()
+    heard: set[str] = set()
+    deadline = CallbackDeadline(("algo-2", "algo-3"), 10.0)
+    part = ChannelMpirunPart(["sleep", "30"], dict(os.environ), deadline, lambda: heard, clock)
+    part.start()
+    try:
+        assert part.poll() is None
+        heard.add("algo-3")
+        clock.now += 9.9
+        assert part.poll() is None
+        clock.now += 0.1
+        assert part.poll() == 1
+        assert part.poll() == 1  # stays ended, whatever arrives later
+        heard.add("algo-2")
+        assert part.poll() == 1
+        assert part.failure_detail() == ErrorLine(
+            "orted on algo-2 did not call back to mpirun within 10 s", "algo-2", explains_exit=True
+        )
+    finally:
+        part.end()
+
+
+def test_the_master_part_runs_on_once_every_worker_called_back():
+    clock = FakeClock()
+    deadline = CallbackDeadline(("algo-2",), 10.0)
+    part = ChannelMpirunPart(["sh", "-c", "sleep 0.5; exit 3"], dict(os.environ), deadline,
+                             lambda: {"algo-2"}, clock)  # fmt: skip
+    part.start()
+    try:
+        assert part.poll() is None
+        clock.now += 1000
+        assert part.poll() is None
+        end = time.monotonic() + 10
+        while (code := part.poll()) is None and time.monotonic() < end:
+            time.sleep(0.05)
+        # mpirun's own exit code, and no call-back failure.
+        assert code == 3
+        assert part.failure_detail() is None
+    finally:
+        part.end()
+
+
+# --------------------------------------------------------------------------------------------
 # The whole path over real sockets: agent -> relay -> MasterChannel -> WorkerChannel -> orted.
 
 FAST = ChannelTiming(
@@ -187,13 +336,21 @@ def fake_orted(directory: Path, exit_code: int) -> dict[str, str]:
     return {"PATH": f"{directory}:/usr/bin:/bin"}
 
 
-@pytest.fixture
-def cluster(tmp_path, monkeypatch):
+@contextlib.contextmanager
+def channel_launch(tmp_path: Path, orted_path: dict[str, str], monkeypatch):
+    """A master and a worker channel with the remote shell, the relay, and the master's
+    record of call-backs; yields (relay, callbacks)."""
     key = derive_job_key(b"job secret")
+    callbacks = OrtedCallbacks()
     master = MasterChannel(
-        job_key=key, workers=("algo-2",), port=0, timing=FAST, catalog=REMOTE_SHELL_CATALOG
+        job_key=key,
+        workers=("algo-2",),
+        port=0,
+        timing=FAST,
+        catalog=REMOTE_SHELL_CATALOG,
+        handlers=callbacks.handlers(),
     )
-    spawner = OrtedSpawner("algo-2", fake_orted(tmp_path / "bin", 3))
+    spawner = OrtedSpawner("algo-2", orted_path)
     worker = WorkerChannel(
         job_key=key,
         host="algo-2",
@@ -211,10 +368,56 @@ def cluster(tmp_path, monkeypatch):
     deadline = time.monotonic() + 10
     while "algo-2" not in master.connected() and time.monotonic() < deadline:
         time.sleep(0.01)
-    yield relay
-    relay.close()
-    worker.close()
-    master.close()
+    try:
+        yield relay, callbacks
+    finally:
+        relay.close()
+        worker.close()
+        master.close()
+
+
+@pytest.fixture
+def cluster(tmp_path, monkeypatch):
+    with channel_launch(tmp_path, fake_orted(tmp_path / "bin", 3), monkeypatch) as (relay, _):
+        yield relay
+
+
+def calling_back_orted(directory: Path) -> dict[str, str]:
+    """An `orted` on PATH that connects to its orte_hnp_uri's address, as the real one does,
+    holds the connection a moment and exits 0."""
+    directory.mkdir()
+    orted = directory / "orted"
+    program = (
+        "import re, socket, sys, time\n"
+        "uri = sys.argv[sys.argv.index('orte_hnp_uri') + 1]\n"
+        "host, port = re.search(r'tcp://([^:,;]+):(\\d+)', uri).groups()\n"
+        "with socket.create_connection((host, int(port))):\n"
+        "    time.sleep(1)\n"
+    )
+    orted.write_text(f'#!/bin/sh\nexec {sys.executable} -c "{program}" "$@"\n')
+    orted.chmod(stat.S_IRWXU)
+    return {"PATH": f"{directory}:/usr/bin:/bin"}
+
+
+def test_the_worker_reports_its_orted_calling_back_to_mpirun(tmp_path, monkeypatch, capfd):
+    with socket.create_server(("127.0.0.1", 0)) as mpirun:
+        port = mpirun.getsockname()[1]
+        words = ["algo-2", " orted", "-mca", "orte_hnp_uri", f'"1.0;tcp://127.0.0.1:{port}"']
+        with channel_launch(tmp_path, calling_back_orted(tmp_path / "bin"), monkeypatch) as (
+            _relay,
+            callbacks,
+        ):
+            assert callbacks.called_back() == frozenset()
+            assert rsh_agent.main(words) == 0, capfd.readouterr().err
+            assert callbacks.called_back() == {"algo-2"}
+
+
+def test_an_orted_that_never_connects_is_not_reported(tmp_path, monkeypatch):
+    words = ["algo-2", " orted", "-mca", "orte_hnp_uri", '"1.0;tcp://127.0.0.1:9"']
+    with channel_launch(tmp_path, fake_orted(tmp_path / "bin", 0), monkeypatch) as (_, callbacks):
+        assert rsh_agent.main(words) == 0
+        time.sleep(0.2)
+        assert callbacks.called_back() == frozenset()
 
 
 def test_the_agent_runs_orted_on_the_worker_and_exits_with_its_code(cluster, capfd):

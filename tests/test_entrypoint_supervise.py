@@ -331,6 +331,16 @@ def test_a_failing_rank_on_a_worker_is_that_workers_failure(config):
     )
 
 
+def test_a_part_that_ended_itself_gives_its_own_reason(config):
+    channel = FakeMasterChannel(silent={"algo-2": 0.2, "algo-3": 1.0})
+    detail = ErrorLine("orted on algo-3 did not call back to mpirun within 5 s", "algo-3", True)
+    with pytest.raises(supervise.JobError) as error:
+        mpi_master(config, FakePart(code=1, detail=detail), channel)
+    assert error.value.failure_on("algo-1").line == (
+        "TrainingFailed: orted on algo-3 did not call back to mpirun within 5 s (on algo-3)"
+    )
+
+
 def test_mpirun_ending_after_a_stop_is_a_stop(config):
     stop = threading.Event()
     stop.set()
