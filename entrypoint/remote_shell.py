@@ -30,7 +30,6 @@ import json
 import logging
 import os
 import shutil
-import socket
 import socketserver
 import threading
 import time
@@ -56,16 +55,13 @@ from entrypoint.protocol import (
     _exit_code,
     catalog,
 )
+from entrypoint.rsh_agent import NOT_RUN_EXIT_CODE
 from entrypoint.session import Handlers, RequestFailedError, Session, SessionLostError
 
 log = logging.getLogger("entrypoint")
 
-# Where the agent finds the master's relay socket (set in mpirun's environment only).
-AGENT_SOCKET_ENV = "SMH_RSH_AGENT_SOCKET"
 # An agent session lasts as long as its orted, i.e. the job: SageMaker's longest (28 days).
 ORTED_SESSION_LIMIT_S = 28 * 24 * 3600.0
-# Exit code for "no orted ran": a refused command, a lost worker, a broken relay (ssh's 255).
-NOT_RUN_EXIT_CODE = 255
 # orted's last output that travels back to mpirun (a frame is at most 16 KiB).
 OUTPUT_TAIL_CHARS = 4000
 _MAX_AGENT_REQUEST_BYTES = 256 * 1024
@@ -293,11 +289,6 @@ class OrtedCallbacks:
             return frozenset(self._hosts)
 
 
-def agent_request(host: str, words: Sequence[str]) -> bytes:
-    """What the agent sends the relay: one JSON line."""
-    return json.dumps({"host": host, "words": list(words)}).encode() + b"\n"
-
-
 def parse_agent_request(line: bytes) -> tuple[str, tuple[str, ...]]:
     fields = json.loads(line)
     host, words = fields.get("host"), fields.get("words")
@@ -310,11 +301,6 @@ def parse_agent_request(line: bytes) -> tuple[str, tuple[str, ...]]:
 
 def agent_answer(spawned: Spawned) -> bytes:
     return json.dumps({"exit_code": spawned.exit_code, "output": spawned.output}).encode() + b"\n"
-
-
-def parse_agent_answer(line: bytes) -> Spawned:
-    fields = json.loads(line)
-    return Spawned.from_json(fields, REMOTE_SHELL_CATALOG)
 
 
 class _Ask(Protocol):
@@ -373,15 +359,3 @@ class AgentRelay:
         with contextlib.suppress(OSError):
             self.path.unlink()
             self._dir.rmdir()
-
-
-def ask_relay(path: str, host: str, words: Sequence[str]) -> Spawned:
-    """The agent's side: one request, then wait (as long as orted runs) for its answer."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
-        connection.connect(path)
-        connection.sendall(agent_request(host, words))
-        with connection.makefile("rb") as answers:
-            line = answers.readline()
-    if not line:
-        raise ConnectionError("the entry point closed the agent's socket")
-    return parse_agent_answer(line)

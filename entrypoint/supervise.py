@@ -38,12 +38,12 @@ from entrypoint.names import MASTER_SILENCE_LINE, WORKER_SILENCE_LINE
 from entrypoint.plan import JobPlan, MpiLaunch, RemoteShell, VerdictRule, format_command
 from entrypoint.protocol import CATALOG, Exited, Verdict, host_verdict, suspect_peers
 from entrypoint.remote_shell import (
-    AGENT_SOCKET_ENV,
     REMOTE_SHELL_CATALOG,
     AgentRelay,
     OrtedCallbacks,
     OrtedSpawner,
 )
+from entrypoint.rsh_agent import AGENT_SOCKET_ENV
 
 log = logging.getLogger("entrypoint")
 

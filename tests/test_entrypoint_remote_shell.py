@@ -9,6 +9,7 @@ import os
 import re
 import socket
 import stat
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -36,8 +37,6 @@ from entrypoint.protocol import (
     message_to_json,
 )
 from entrypoint.remote_shell import (
-    AGENT_SOCKET_ENV,
-    NOT_RUN_EXIT_CODE,
     REMOTE_SHELL_CATALOG,
     AgentRelay,
     CalledBack,
@@ -49,6 +48,7 @@ from entrypoint.remote_shell import (
     late_daemons,
     missed_callback_message,
 )
+from entrypoint.rsh_agent import AGENT_SOCKET_ENV, NOT_RUN_EXIT_CODE, parse_agent_answer
 from entrypoint.session import ChannelTiming
 
 pytestmark = pytest.mark.timeout(60)
@@ -447,3 +447,28 @@ def test_the_agent_without_its_socket_exits_255(monkeypatch, capfd):
     monkeypatch.delenv(AGENT_SOCKET_ENV, raising=False)
     assert rsh_agent.main(["algo-2", " orted"]) == NOT_RUN_EXIT_CODE
     assert "usage" in capfd.readouterr().err
+
+
+def test_the_agent_reads_only_a_valid_answer():
+    assert parse_agent_answer(b'{"exit_code": 0, "output": ""}\n') == (0, "")
+    assert parse_agent_answer(b'{"exit_code": 137, "output": "killed"}') == (137, "killed")
+    bad_answers = (
+        b'{"exit_code": -1}', b'{"exit_code": 256}', b'{"exit_code": true}',
+        b'{"exit_code": "0"}', b'{"output": "x"}', b'{"exit_code": 0, "output": 1}',
+    )  # fmt: skip
+    for bad in bad_answers:
+        with pytest.raises(ValueError):
+            parse_agent_answer(bad)
+
+
+def test_the_agent_imports_nothing_but_the_standard_librarys_basics():
+    """One agent per worker lives on the master for the whole job: it stays small."""
+    probe = (
+        "import sys, entrypoint.rsh_agent; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+        "{'entrypoint', 'asyncio', 'psutil', 'socketserver', 'threading', 'logging'}))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=30
+    )
+    assert done.stdout.strip() == "['entrypoint', 'entrypoint.rsh_agent']"
