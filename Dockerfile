@@ -197,6 +197,11 @@ RUN set -eux; \
     rm -f /opt/venv/bin/train; \
     pip install --no-deps --no-build-isolation --no-cache-dir /opt/src; \
     rm -rf /opt/src; \
+# mpirun's rsh agent for the channel launch, one per worker on the master: a script run by
+# `python -IS` (entrypoint/rsh_agent.py says why); without arguments it exits 255 (usage).
+    install -m 0755 "$(python -c 'import entrypoint.rsh_agent as m; print(m.__file__)')" \
+        /opt/venv/bin/sm-horovod-rsh-agent; \
+    { sm-horovod-rsh-agent 2>/dev/null || [ $? -eq 255 ]; }; \
     [ "$(command -v train)" = /opt/venv/bin/train ]; \
     grep -q 'entrypoint.main' /opt/venv/bin/train; \
     [ "$(command -v serve)" = /opt/venv/bin/serve ]; \
@@ -311,6 +316,11 @@ RUN set -eux; \
     rm -f /opt/venv/bin/train; \
     pip install --no-deps --no-build-isolation --no-cache-dir /opt/src; \
     rm -rf /opt/src; \
+# mpirun's rsh agent for the channel launch, one per worker on the master: a script run by
+# `python -IS` (entrypoint/rsh_agent.py says why); without arguments it exits 255 (usage).
+    install -m 0755 "$(python -c 'import entrypoint.rsh_agent as m; print(m.__file__)')" \
+        /opt/venv/bin/sm-horovod-rsh-agent; \
+    { sm-horovod-rsh-agent 2>/dev/null || [ $? -eq 255 ]; }; \
     grep -q 'entrypoint.main' "$(command -v train)"; \
     python -c 'import entrypoint.main'; \
 # sshd (mpirun between hosts) must accept its configuration; a throwaway host key proves it.

@@ -68,6 +68,14 @@ def test_train_is_our_entry_point_and_sshd_config_is_valid(docker, image):
     assert "permitrootlogin without-password" in result.stdout
 
 
+def test_the_rsh_agent_is_a_standard_library_script(docker, image):
+    """One agent per worker lives on the master for the whole job: no site-packages."""
+    script = 'head -1 "$(command -v sm-horovod-rsh-agent)"; sm-horovod-rsh-agent; echo "exit=$?"'
+    result = run(docker, "run", "--rm", image, "bash", "-c", script)
+    assert result.stdout.splitlines() == ["#!/opt/venv/bin/python -IS", "exit=255"], result
+    assert "usage: HOST COMMAND..." in result.stderr
+
+
 def _layer_files(docker: str, image: str) -> Iterator[tuple[str, str, bytes]]:
     """(layer, path, content) of every regular file up to 1 MiB in every layer of the image,
     streamed from `docker save` (whole layers, so files later deleted are seen too)."""
