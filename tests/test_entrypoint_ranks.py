@@ -44,9 +44,7 @@ def wait_for(condition, timeout: float = 10.0) -> None:
 
 
 def rank(socket_path: Path, *argv: str) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [*SHIM, *argv], env={**os.environ, RANK_SOCKET_ENV: str(socket_path)}
-    )
+    return subprocess.Popen([*SHIM, *argv], env={**os.environ, RANK_SOCKET_ENV: str(socket_path)})
 
 
 def test_a_rank_registers_then_becomes_its_program_with_the_same_pid(tmp_path):
