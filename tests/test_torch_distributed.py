@@ -125,3 +125,34 @@ def test_sigterm_checkpoints_and_exits_143_on_every_host(make_cluster, digits_di
     assert (checkpoints / "checkpoint.pt").stat().st_size > 0, cluster.describe()
     for host in cluster.hosts:
         assert "SIGTERM: stopping in epoch" in cluster.logs(host), cluster.describe()
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("stopped", [("algo-1", "algo-2"), ("algo-2",)], ids=["every", "worker"])
+def test_a_stop_keeps_every_ranks_checkpoint(make_cluster, tmp_path, stopped):
+    """torchrun's ranks, 2 per host, need 8 s after SIGTERM to checkpoint; torchrun is paused
+    meanwhile (it would end them once one exits) and every host exits 143 before SIGKILL. A
+    stop of one host reaches every host (tests/test_stop.py has the other launches)."""
+    checkpoints = tmp_path / "checkpoints"
+    checkpoints.mkdir()
+    cluster = make_cluster(
+        2,
+        hyperparameters={**TORCH, "sagemaker_program": "checkpoint_on_stop.py",
+                         "checkpoint-seconds": "8", "ranks_per_host": "2"},
+        code_dir=Path(__file__).parent / "programs" / "stop",
+        checkpoint_dir=checkpoints,
+        env={"OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    cluster.start()
+    for host, rank in (("algo-1", 0), ("algo-1", 1), ("algo-2", 2), ("algo-2", 3)):
+        cluster.wait_for_log(host, f"RUNNING host={host} rank={rank}", timeout=200)
+    stopped_at = time.time()
+    for stopper in cluster.stop(stopped, timeout=30):
+        stopper.wait(60)
+    assert cluster.wait(timeout=40) == {"algo-1": 143, "algo-2": 143}, cluster.describe()
+    assert sorted(path.name for path in checkpoints.iterdir()) == [
+        "algo-1-0", "algo-1-1", "algo-2-2", "algo-2-3",
+    ], cluster.describe()  # fmt: skip
+    for host in cluster.hosts:
+        assert cluster.exit_time(host) - stopped_at < 30, cluster.describe()
+        assert cluster.failure(host).startswith("Stopped:"), cluster.describe()
