@@ -151,9 +151,10 @@ test-unit: venv ## Run the unit tests only (no Docker)
 	$(PY) -m pytest -m "not docker" $(PYTEST_ARGS)
 
 .PHONY: lint
-lint: venv ## ruff, hadolint, cfn-lint and checkov
+lint: venv ## ruff, mypy, hadolint, cfn-lint and checkov
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 	$(VENV)/bin/hadolint Dockerfile
 	$(VENV)/bin/cfn-lint --include-checks I --custom-rules cfn/custom-rules.txt -- cfn/*.yaml
 	$(VENV)/bin/checkov -d cfn --quiet --compact --framework cloudformation --skip-download
