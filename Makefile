@@ -192,4 +192,4 @@ bench-quick: venv ## An 8-minute pass over every benchmark (1 run, 2 hosts), res
 
 .PHONY: clean
 clean: ## Remove the venv and generated files
-	rm -rf $(VENV) $(SDK3_VENV) build .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(SDK3_VENV) build .pytest_cache .ruff_cache .mypy_cache
