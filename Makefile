@@ -151,9 +151,10 @@ test-unit: venv ## Run the unit tests only (no Docker)
 	$(PY) -m pytest -m "not docker" $(PYTEST_ARGS)
 
 .PHONY: lint
-lint: venv ## ruff, hadolint, cfn-lint and checkov
+lint: venv ## ruff, mypy, hadolint, cfn-lint and checkov
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 	$(VENV)/bin/hadolint Dockerfile
 	$(VENV)/bin/cfn-lint --include-checks I --custom-rules cfn/custom-rules.txt -- cfn/*.yaml
 	$(VENV)/bin/checkov -d cfn --quiet --compact --framework cloudformation --skip-download
@@ -191,4 +192,4 @@ bench-quick: venv ## An 8-minute pass over every benchmark (1 run, 2 hosts), res
 
 .PHONY: clean
 clean: ## Remove the venv and generated files
-	rm -rf $(VENV) $(SDK3_VENV) build .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(SDK3_VENV) build .pytest_cache .ruff_cache .mypy_cache

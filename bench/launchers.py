@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import enum
+import functools
 import secrets
 import shlex
 from collections.abc import Mapping
@@ -138,7 +139,7 @@ def wait_for_sshd(cluster: Cluster, timeout: float) -> None:
         return done.returncode == 0
 
     for host in cluster.hosts:
-        poll(lambda host=host: reachable(host), timeout, f"sshd on {host}", interval=0.2)
+        poll(functools.partial(reachable, host), timeout, f"sshd on {host}", interval=0.2)
 
 
 def run_floor_mpirun(cluster: Cluster, program_argv: tuple[str, ...], timeout: float) -> int:

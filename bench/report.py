@@ -14,6 +14,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+from matplotlib.axes import Axes
 from matplotlib.ticker import FuncFormatter, NullFormatter, ScalarFormatter
 
 from bench.accuracy import AccuracyResult, AccuracyRun
@@ -370,7 +371,7 @@ def to_markdown(results: Results) -> str:
 # Plot
 
 
-def _bars(axis, summaries: Sequence[OverheadSummary], field: str, title: str) -> None:
+def _bars(axis: Axes, summaries: Sequence[OverheadSummary], field: str, title: str) -> None:
     hosts = sorted({s.hosts for s in summaries})
     launchers = [
         launcher for launcher in Launcher if any(s.launcher == launcher for s in summaries)

@@ -239,9 +239,10 @@ def fault_rows(summaries: Sequence[tuple[str, FaultSummary]]) -> list[list[str]]
 
 def failed_runs(result: TorchResult) -> list[str]:
     """One line per run that failed (it counts in no figure)."""
+    runs: list[OverheadRun | FaultRun] = [*result.overhead_runs, *result.fault_runs]
     return [
         f"{run.launcher} {run.hosts} hosts #{run.repeat + 1}: {run.error[:200]}"
-        for run in (*result.overhead_runs, *result.fault_runs)
+        for run in runs
         if run.error
     ]
 

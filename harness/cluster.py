@@ -25,7 +25,9 @@ from harness.mltree import write_ml_tree
 START_CONCURRENCY = 8
 
 
-def docker_command(docker: str, *args: str, timeout: float = 120, check: bool = True):
+def docker_command(
+    docker: str, *args: str, timeout: float = 120, check: bool = True
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [docker, *args], capture_output=True, text=True, timeout=timeout, check=check
     )

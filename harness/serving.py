@@ -17,9 +17,13 @@ import tarfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from harness.cluster import docker_command
 from harness.digits import one_host_digits_cluster
+
+if TYPE_CHECKING:
+    import websocket
 
 SERVE_PORT = 8080
 # Enough for the digits at 32x32 (test accuracy ~0.97 on one host, ~40 s on 2 cores).
@@ -318,7 +322,7 @@ class Browser:
         self._next_id = 0
         self.socket = self._connect()
 
-    def _connect(self):
+    def _connect(self) -> websocket.WebSocket:
         import websocket  # noqa: PLC0415  (a test dependency: requirements-dev.txt)
 
         deadline = time.monotonic() + self.timeout

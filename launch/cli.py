@@ -15,6 +15,7 @@ from typing import Any
 import boto3
 import botocore.session
 from botocore.exceptions import BotoCoreError, ClientError, ParamValidationError
+from botocore.model import StringShape
 from botocore.validate import validate_parameters
 
 from launch import deploy_cli
@@ -213,7 +214,10 @@ def sagemaker_input_shape() -> Any:
 
 def training_instance_types() -> frozenset[str]:
     model = botocore.session.get_session().get_service_model("sagemaker")
-    return frozenset(model.shape_for("TrainingInstanceType").enum)
+    shape = model.shape_for("TrainingInstanceType")
+    if not isinstance(shape, StringShape):
+        raise TypeError(f"botocore's TrainingInstanceType is a {shape.type_name}, not a string")
+    return frozenset(shape.enum)
 
 
 def checked_request(config: rq.TrainConfig) -> dict[str, Any]:

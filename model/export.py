@@ -63,7 +63,7 @@ def export_model(
     """Write the SavedModel, classes.json and metrics.json; returns the SavedModel folder."""
     model_dir.mkdir(parents=True, exist_ok=True)
     # A model sharing the trained layers but not the optimizer, which serving has no use for.
-    classifier = tf.keras.Model(model.inputs, model.outputs, name=model.name)
+    classifier: tf.keras.Model = tf.keras.Model(model.inputs, model.outputs, name=model.name)
     serving = _Serving(classifier, image_size)
     target = model_dir / SAVED_MODEL_VERSION
     staging = Path(tempfile.mkdtemp(prefix=".export.", dir=model_dir))

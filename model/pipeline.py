@@ -243,7 +243,7 @@ class FolderReader:
         )
         offset = tf.cast(number, tf.int64) * self.expected
 
-        def parse(index: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+        def parse(index: tf.Tensor) -> tuple[tf.Tensor, Decoder | tf.Tensor, tf.Tensor, tf.Tensor]:
             contents = tf.io.read_file(tf.gather(self._files, index))
             decoder = _single_or_tensor(self._decoder_list, tf.gather(self._decoders, index))
             return contents, decoder, tf.gather(self._labels, index), index + offset
@@ -335,7 +335,9 @@ class RecordReader:
         if shuffle_buffer:
             records = records.shuffle(shuffle_buffer)
 
-        def parse(item: tf.Tensor, record: tf.Tensor) -> tuple:
+        def parse(
+            item: tf.Tensor, record: tf.Tensor
+        ) -> tuple[tf.Tensor, Decoder | tf.Tensor, tf.Tensor, tf.Tensor]:
             example = tf.io.parse_single_example(record, _RECORD_FEATURES)
             label = tf.gather(self._label_map, tf.cast(example["label"], tf.int32))
             decoder = _single_or_tensor(self._decoder_list, example["decoder"])
@@ -386,10 +388,12 @@ def training_batches(
     batches = images.batch(batch_size, drop_remainder=True)
     if not cached:
 
+        def record(values: np.ndarray) -> np.ndarray:
+            tally.record(values)
+            return values
+
         def note(images: tf.Tensor, labels: tf.Tensor, items: tf.Tensor) -> tuple:
-            noted = tf.numpy_function(
-                lambda values: (tally.record(values), values)[1], [items], tf.int64
-            )
+            noted = tf.numpy_function(record, [items], tf.int64)
             with tf.control_dependencies([noted]):
                 return tf.identity(images), labels
 

@@ -142,7 +142,7 @@ def read_header(path: Path) -> tuple[tuple[str, ...], int, tuple[Decoder, ...]] 
     if first is None:
         return None
     try:
-        example = tf.train.Example.FromString(first.numpy())
+        example = tf.train.Example.FromString(bytes(first.numpy()))
     except Exception:  # noqa: BLE001 -- protobuf's DecodeError has no stable import path
         return None
     feature = example.features.feature

@@ -331,10 +331,10 @@ class _LearningRateCallback(tf.keras.callbacks.Callback):
         self._optimizer = optimizer
         self._epoch = 0
 
-    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+    def on_epoch_begin(self, epoch: int, logs: Mapping[str, Any] | None = None) -> None:
         self._epoch = epoch
 
-    def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
+    def on_train_batch_begin(self, batch: int, logs: Mapping[str, Any] | None = None) -> None:
         rate = self._schedule.rate_at(self._epoch + batch / self._steps)
         self._optimizer.learning_rate.assign(rate)
 
@@ -349,7 +349,7 @@ class _AgreedStopCallback(tf.keras.callbacks.Callback):
         self._stop = stop
         self.stopped = False
 
-    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+    def on_train_batch_end(self, batch: int, logs: Mapping[str, Any] | None = None) -> None:
         if collective.any_rank(self._stop.requested, name="stop_vote"):
             self.stopped = True
             self.model.stop_training = True
@@ -574,7 +574,9 @@ class _Run:
         )
         self.last_metrics = dict(state.get("metrics", {}))
         # Same starting point everywhere: fresh weights, or rank 0's restored ones.
-        collective.broadcast_variables(self.model.variables + _optimizer_variables(self.optimizer))
+        collective.broadcast_variables(
+            [*self.model.variables, *_optimizer_variables(self.optimizer)]
+        )
         _fill_caches(self.channels, self.params.max_bad_fraction, self.stop)
         if self.rank == 0:
             log.info(

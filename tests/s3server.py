@@ -42,7 +42,7 @@ def _top_level_paths(distribution: str) -> set[Path]:
         top = file.parts[0]
         if top.endswith(".pth") or top in ("..", "__pycache__"):
             continue
-        paths.add(Path(dist.locate_file(top)))
+        paths.add(Path(str(dist.locate_file(top))))
     return paths
 
 

@@ -71,6 +71,7 @@ def test_data_parallel_tutorial_script_on_two_hosts(make_cluster, digits28):
         "-x HOROVOD_CYCLE_TIME=1 python -m mpi4py train.py --model_dir /opt/ml/shared/model"
         in master
     )
+    done = None
     for rank in range(4):
         host = cluster.hosts[rank // 2]
         line = (
@@ -80,6 +81,7 @@ def test_data_parallel_tutorial_script_on_two_hosts(make_cluster, digits28):
         assert line in master, master[-4000:]
         done = re.search(rf"SMDDP_DONE rank={rank} first=([\d.]+) last=([\d.]+)", master)
         assert done, master[-4000:]
+    assert done  # the last rank's
     first, last = map(float, done.groups())
     assert last < first, master[-4000:]
     assert (cluster.ml_root("algo-1") / "model" / "1" / "saved_model.pb").is_file()
@@ -96,7 +98,9 @@ def test_a_rank_that_raises_fails_every_host(make_cluster, digits28):
     cluster.start()
     codes = cluster.wait(timeout=240)
     assert codes["algo-1"] != 0 and codes["algo-2"] != 0, cluster.describe()
-    failed_at = float(re.search(r"SMDDP_FAILING rank=1 at=([\d.]+)", cluster.logs("algo-1"))[1])
+    failing = re.search(r"SMDDP_FAILING rank=1 at=([\d.]+)", cluster.logs("algo-1"))
+    assert failing, cluster.describe()
+    failed_at = float(failing[1])
     delays = {host: cluster.exit_time(host) - failed_at for host in cluster.hosts}
     assert max(delays.values()) < FAIL_FAST_S, f"{delays}\n{cluster.describe()}"
     for host in cluster.hosts:

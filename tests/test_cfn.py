@@ -417,15 +417,12 @@ def test_stack_deploys_in_moto_with_the_outputs_the_launcher_reads(
     printed = capsys.readouterr().out
     assert f"BucketName={BUCKET}" in printed
 
-    def client(service: str) -> Any:
-        return boto3.client(service, region_name=REGION)
-
-    outputs = stack_outputs(client("cloudformation"), STACK)
+    outputs = stack_outputs(boto3.client("cloudformation", region_name=REGION), STACK)
     assert set(LAUNCHER_OUTPUTS) <= set(outputs)
     assert outputs["BucketName"] == BUCKET
     assert outputs["FsxFileSystemId"] == outputs["FsxMountName"] == ""
 
-    ec2 = client("ec2")
+    ec2 = boto3.client("ec2", region_name=REGION)
     subnets = outputs["TrainingSubnetIds"].split(",")
     described = ec2.describe_subnets(SubnetIds=subnets)["Subnets"]
     assert {s["AvailabilityZone"] for s in described} == {f"{REGION}a"}
@@ -448,7 +445,7 @@ def test_stack_deploys_in_moto_with_the_outputs_the_launcher_reads(
     assert services == {f"com.amazonaws.{REGION}.{name}" for name in wanted}
     assert not ec2.describe_nat_gateways()["NatGateways"]
 
-    efs = client("efs")
+    efs = boto3.client("efs", region_name=REGION)
     (file_system,) = efs.describe_file_systems(FileSystemId=outputs["EfsFileSystemId"])[
         "FileSystems"
     ]
@@ -456,7 +453,7 @@ def test_stack_deploys_in_moto_with_the_outputs_the_launcher_reads(
     targets = efs.describe_mount_targets(FileSystemId=outputs["EfsFileSystemId"])["MountTargets"]
     assert len(targets) == 2
 
-    iam = client("iam")
+    iam = boto3.client("iam", region_name=REGION)
     training_role = outputs["TrainingRoleArn"].rsplit("/", 1)[1]
     notebook_role = outputs["NotebookRoleArn"].rsplit("/", 1)[1]
     assert iam.get_role(RoleName=training_role)["Role"]["Arn"] == outputs["TrainingRoleArn"]
@@ -466,7 +463,7 @@ def test_stack_deploys_in_moto_with_the_outputs_the_launcher_reads(
     (pass_role,) = [s for s in policy["Statement"] if s.get("Action") == "iam:PassRole"]
     assert pass_role["Resource"] == outputs["TrainingRoleArn"]
 
-    notebook = client("sagemaker").describe_notebook_instance(
+    notebook = boto3.client("sagemaker", region_name=REGION).describe_notebook_instance(
         NotebookInstanceName=outputs["NotebookInstanceName"]
     )
     assert notebook["RoleArn"] == outputs["NotebookRoleArn"]

@@ -309,6 +309,7 @@ def test_a_worker_that_never_reaches_its_master_gives_up_at_the_deadline():
     try:
         until(lambda: worker.lost, timeout=5)
         assert time.monotonic() - started < 3
+        assert worker.lost is not None
         assert worker.lost.startswith("could not reach master localhost: cannot connect")
     finally:
         worker.close()
@@ -327,6 +328,7 @@ def test_a_silent_master_is_given_up_at_the_deadline():
         try:
             until(lambda: worker.lost, timeout=15)
             assert 2 <= time.monotonic() - started < 5
+            assert worker.lost is not None
             assert worker.lost.startswith("could not reach master localhost: master localhost (")
             assert worker.lost.endswith("never completed the handshake: no challenge within 0.5 s")
         finally:
@@ -365,6 +367,7 @@ def test_a_master_name_that_never_resolves_gives_up_at_the_deadline():
     )  # fmt: skip
     try:
         until(lambda: worker.lost, timeout=15)
+        assert worker.lost is not None
         assert worker.lost.startswith("could not reach master algo-1.invalid: cannot resolve")
         assert worker.connected is False
     finally:
@@ -493,7 +496,7 @@ def test_requests_and_responses_both_ways(clock):
     try:
         until(lambda: worker.connected and master.connected() == {"algo-2"})
         # the master asks a worker, a worker asks the master, at the same time
-        asked = {}
+        asked: dict[str, object] = {}
         threads = [
             threading.Thread(target=lambda: asked.update(
                 master=master.request("algo-2", Echo("to worker"), timeout_s=10))),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -84,25 +85,31 @@ def test_the_channel_launch_replaces_ssh_options_with_the_agent_and_no_tree_spaw
     ]  # fmt: skip
     assert argv[start + 6 : start + 9] == ["-mca", "plm_rsh_num_concurrent", "2"]
     assert "plm_rsh_args" not in argv
+    assert isinstance(plan.launch, MpiLaunch)
     assert plan.launch.remote_shell is RemoteShell.CHANNEL
     assert not plan.launch.runs_sshd
 
 
+def mpi_launch(**job: Any) -> MpiLaunch:
+    launch = make_plan(contract(**job), gpu_count=0).launch
+    assert isinstance(launch, MpiLaunch)
+    return launch
+
+
 def test_the_channel_launch_has_a_call_back_deadline_for_every_worker():
     hosts = ("algo-1", "algo-2", "algo-3")
-    plan = make_plan(contract(hosts=hosts), gpu_count=0)
-    assert plan.launch.callback_deadline == CallbackDeadline(("algo-2", "algo-3"), 63.0)
+    assert mpi_launch(hosts=hosts).callback_deadline == CallbackDeadline(("algo-2", "algo-3"), 63.0)
     asked = make_plan(
         contract(hosts=hosts, hyperparameters={"orted_callback_timeout": "7.5"}), gpu_count=0
     )
+    assert isinstance(asked.launch, MpiLaunch)
     assert asked.launch.callback_deadline == CallbackDeadline(("algo-2", "algo-3"), 7.5)
     # The hyperparameter is the entry point's, not the program's.
     assert "orted_callback_timeout" not in asked.command
     ssh = {"mpi_remote_shell": "ssh", "orted_callback_timeout": "7.5"}
-    assert make_plan(contract(hyperparameters=ssh), gpu_count=0).launch.callback_deadline is None
+    assert mpi_launch(hyperparameters=ssh).callback_deadline is None
     # One host: mpirun starts no orted anywhere.
-    single = make_plan(contract(hosts=("algo-1",)), gpu_count=0)
-    assert single.launch.callback_deadline is None
+    assert mpi_launch(hosts=("algo-1",)).callback_deadline is None
 
 
 @pytest.mark.parametrize(("hosts", "expected"), [(2, 62.0), (48, 108.0), (128, 188.0)])
@@ -366,6 +373,7 @@ def test_torchrun_argv_is_exact(current, ranks, program, expected_tail):
         "--max-restarts", "0", "--monitor-interval", "0.5", "--no-python",
         "sm-horovod-rank", *program_argv,
     ]  # fmt: skip
+    assert isinstance(plan.launch, ProcessesLaunch)
     (process,) = plan.launch.processes
     assert process.working_dir == Path("/opt/ml/code")
     # torch.distributed's sockets on the contract's interface, SM_* per host on every rank.

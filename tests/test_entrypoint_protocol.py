@@ -260,6 +260,7 @@ def test_a_message_type_is_known_only_to_its_catalog():
 def test_hello_carries_the_protocol_version(text, hello, refusal):
     assert PROTOCOL_VERSION == 3
     decoded = message_from_json(text)
+    assert isinstance(decoded, Hello)
     assert decoded == hello
     assert version_refusal(decoded) == refusal
 

@@ -21,10 +21,10 @@ def test_seed_preference():
         SeedSource.LAUNCHER_SECRET,
         b"new",
     )
-    assert choose_seed({"TRAINING_JOB_ARN": "arn", "TRAINING_JOB_NAME": "j"})[0] is (
-        SeedSource.JOB_ARN
-    )
-    assert choose_seed({"TRAINING_JOB_NAME": "j"})[0] is SeedSource.JOB_NAME
+    by_arn = choose_seed({"TRAINING_JOB_ARN": "arn", "TRAINING_JOB_NAME": "j"})
+    assert by_arn is not None and by_arn[0] is SeedSource.JOB_ARN
+    by_name = choose_seed({"TRAINING_JOB_NAME": "j"})
+    assert by_name is not None and by_name[0] is SeedSource.JOB_NAME
     assert choose_seed({"TRAINING_JOB_NAME": ""}) is None
     assert SeedSource.JOB_NAME.is_weak
     assert not SeedSource.LAUNCHER_SECRET.is_weak

@@ -30,7 +30,7 @@ PER_HOST = {**SCRIPT, "sagemaker_mpi_enabled": "false"}
 PS = {**SCRIPT, "sagemaker_parameter_server_enabled": "true"}
 
 
-class FakeClock:
+class FakeClock(supervise.Clock):
     """Time moves only when a loop waits; `at(t, action)` runs `action` once time reaches t."""
 
     def __init__(self) -> None:

@@ -301,7 +301,7 @@ def _ch(text: str) -> tuple[rq.Channel, ...]:
     return (rq.parse_channel(text),)
 
 
-VPC = {"subnets": ("subnet-1",), "security_group_ids": ("sg-1",)}
+VPC: dict[str, Any] = {"subnets": ("subnet-1",), "security_group_ids": ("sg-1",)}
 
 # (changes to BASE, the exact one-line message)
 INVALID: dict[str, tuple[dict[str, Any], str]] = {

@@ -13,7 +13,7 @@ import subprocess
 import sys
 import tarfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -240,8 +240,11 @@ def _put_logs(job: str, lines: dict[str, list[str]]) -> None:
     now = int(time.time() * 1000)
     for stream, messages in lines.items():
         logs.create_log_stream(logGroupName=group, logStreamName=f"{job}/{stream}")
-        events = [{"timestamp": now + i, "message": m} for i, m in enumerate(messages)]
-        logs.put_log_events(logGroupName=group, logStreamName=f"{job}/{stream}", logEvents=events)
+        logs.put_log_events(
+            logGroupName=group,
+            logStreamName=f"{job}/{stream}",
+            logEvents=[{"timestamp": now + i, "message": m} for i, m in enumerate(messages)],
+        )
 
 
 def test_train_creates_uploads_waits_and_streams_every_host(
@@ -348,7 +351,7 @@ def test_failed_job_prints_failure_reason_and_exits_nonzero(
         {"TrainingJobName": "j-7"},
     )
     stub.activate()
-    real_client = session.client
+    real_client: Callable[..., Any] = session.client
 
     def client(name: str, **kwargs: Any) -> Any:
         return sm if name == "sagemaker" else real_client(name, **kwargs)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import pytest
 
@@ -51,7 +52,7 @@ def test_is_frozen() -> None:
         ),
     ],
 )
-def test_parses_valid_values(raw: dict[str, str], expected: dict[str, object]) -> None:
+def test_parses_valid_values(raw: dict[str, str], expected: dict[str, Any]) -> None:
     assert parse_hyperparameters(raw) == dataclasses.replace(Hyperparameters(), **expected)
 
 

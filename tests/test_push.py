@@ -18,7 +18,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import boto3
 import pytest
@@ -279,7 +279,7 @@ def test_resolve_ecr_image_uri() -> None:
 # --- for real: Docker engine + a local registry ----------------------------------------------
 
 
-def _unavailable(reason: str) -> None:
+def _unavailable(reason: str) -> NoReturn:
     """CI must not go green by skipping: there, a missing engine or registry fails."""
     if os.environ.get("CI") == "true":
         pytest.fail(f"CI=true and {reason}")

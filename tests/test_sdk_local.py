@@ -157,7 +157,9 @@ def test_tensorflow_estimator_mpi_two_hosts_two_ranks_each(
         model_tar = next(output.rglob("model.tar.gz"))
     with tarfile.open(model_tar) as archive:
         names = archive.getnames()
-        ranks = json.load(archive.extractfile("ranks.json"))
+        ranks_file = archive.extractfile("ranks.json")
+        assert ranks_file is not None, names
+        ranks = json.load(ranks_file)
     assert "1/saved_model.pb" in names
     assert [entry["rank"] for entry in ranks] == [0, 1, 2, 3]
     assert {entry["size"] for entry in ranks} == {4}

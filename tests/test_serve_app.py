@@ -153,7 +153,7 @@ def test_errors_are_one_json_line_with_their_status(
 def test_a_model_failure_is_a_500_with_one_line(model_dir: Path) -> None:
     fake = FakeModel()
 
-    def broken(_images: np.ndarray) -> np.ndarray:
+    def broken(images: np.ndarray) -> np.ndarray:
         raise RuntimeError("out of\nmemory")
 
     fake.predict = broken  # type: ignore[method-assign]

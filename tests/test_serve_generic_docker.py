@@ -16,6 +16,7 @@ import shutil
 import tarfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -62,7 +63,7 @@ def server(archive: tuple[Path, dict]) -> Iterator[ServeContainer]:
 
 def answer(
     server: ServeContainer, body: object, headers: dict[str, str] | None = None
-) -> tuple[int, object]:
+) -> tuple[int, Any]:
     raw = body if isinstance(body, bytes) else json.dumps(body).encode()
     status, _, content = post(server, raw, JSON, headers)
     return status, json.loads(content)

@@ -82,8 +82,10 @@ def seconds_per_allreduce(tensor: tf.Tensor, name: str) -> float:
     iterations = int(min(100, max(3, args.seconds_per_size / max(once, 1e-6))))
     barrier()
     started = time.perf_counter()
+    result = None
     for _ in range(iterations):
         result = hvd.allreduce(tensor, op=hvd.Sum, name=name)
+    assert result is not None  # iterations >= 3
     result.numpy()
     elapsed = hvd.allreduce(tf.constant(time.perf_counter() - started), op=hvd.Max).numpy()
     return float(elapsed) / iterations

@@ -27,7 +27,7 @@ import tensorflow as tf
 from PIL import Image
 
 from model.images import list_channel
-from model.pipeline import FolderReader, RecordReader, decoded_images, resize_images
+from model.pipeline import FolderReader, Reader, RecordReader, decoded_images, resize_images
 from model.records import open_record_channel, pack
 from model.sources import record_share
 
@@ -74,7 +74,7 @@ def counting(dataset: tf.data.Dataset) -> Callable[[], int]:
     return one_pass
 
 
-def model_pass(reader, threads: int | None) -> Callable[[], int]:
+def model_pass(reader: Reader, threads: int | None) -> Callable[[], int]:
     dataset = decoded_images(reader, cache=False).batch(args.batch_size)
     return counting(on_threads(dataset.prefetch(tf.data.AUTOTUNE), threads))
 
@@ -94,7 +94,9 @@ def pillow_pass(files: list[str]) -> Callable[[], int]:
         batch = []
         for name in files:
             with Image.open(name) as opened:
-                batch.append(np.asarray(opened.convert("RGB").resize(size, Image.BILINEAR)))
+                batch.append(
+                    np.asarray(opened.convert("RGB").resize(size, Image.Resampling.BILINEAR))
+                )
         return len(batch)
 
     return one_pass
@@ -112,7 +114,7 @@ with tempfile.TemporaryDirectory() as scratch:
     records = open_record_channel("bench", Path(scratch))
     png = list_channel("png", args.png)
     jpeg = list_channel("jpeg", args.jpeg)
-    readers = {
+    readers: dict[str, tuple[Reader, list[str], Callable]] = {
         "png": (FolderReader(png, args.image_size, 0), list(png.files), tf.io.decode_png),
         "jpeg": (FolderReader(jpeg, args.image_size, 0), list(jpeg.files), tf.io.decode_jpeg),
         "records": (

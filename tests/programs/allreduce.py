@@ -19,7 +19,7 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--seconds", type=float, default=0.0)
 args = parser.parse_args()
 
-stop_requested = []
+stop_requested: list[bool] = []
 signal.signal(signal.SIGTERM, lambda *_: stop_requested.append(True))
 
 hvd.init()

@@ -30,7 +30,7 @@ if resolver.task_type in ("worker", "ps"):
 strategy = tf.distribute.ParameterServerStrategy(resolver)
 coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
 with strategy.scope():
-    total = tf.Variable(0.0)
+    total = tf.Variable(0.0)  # type: ignore[arg-type]  # types-tensorflow: tensors only
 
 
 @tf.function

@@ -108,7 +108,13 @@ def DistributedOptimizer(  # noqa: N802, PLR0917 (the library's signature)
 
 
 def wrap_optimizer(
-    horovod_factory: Any, optimizer: Any, *, api: str, op: object, bucket_cap_mb: float, **options
+    horovod_factory: Any,
+    optimizer: Any,
+    *,
+    api: str,
+    op: object,
+    bucket_cap_mb: float,
+    **options: Any,
 ) -> Any:
     """What both DistributedOptimizers do before Horovod's: the op, and bucket_cap_mb said to
     be ignored when it is not the default."""

@@ -22,7 +22,9 @@ def input_fn():
     rng = np.random.default_rng(task["index"])
     x = rng.normal(size=(512, 8)).astype("float32")
     y = (x.sum(axis=1) > 0).astype("int64")
-    return tf.data.Dataset.from_tensor_slices(({"x": x}, y)).repeat().batch(32)
+    # types-tensorflow takes no nested structure of arrays
+    dataset = tf.data.Dataset.from_tensor_slices(({"x": x}, y))  # type: ignore[arg-type]
+    return dataset.repeat().batch(32)
 
 
 estimator = tf.estimator.LinearClassifier(

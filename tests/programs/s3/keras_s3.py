@@ -39,7 +39,11 @@ dataset = (
 )
 
 model = tf.keras.Sequential(
-    [tf.keras.layers.Dense(16, activation="relu", input_shape=(8,)), tf.keras.layers.Dense(2)]
+    [
+        # types-tensorflow's layers leave out the base Layer's keywords (input_shape)
+        tf.keras.layers.Dense(16, activation="relu", input_shape=(8,)),  # type: ignore[call-arg]
+        tf.keras.layers.Dense(2),
+    ]
 )
 model.compile(
     optimizer="adam",

@@ -56,7 +56,10 @@ dataset = dataset.repeat().shuffle(2000, seed=dist.rank()).batch(args.batch_size
 
 mnist_model = tf.keras.Sequential(
     [
-        tf.keras.layers.Conv2D(32, [3, 3], activation="relu", input_shape=(28, 28, 1)),
+        # types-tensorflow's layers leave out the base Layer's keywords (input_shape)
+        tf.keras.layers.Conv2D(  # type: ignore[call-arg]
+            32, [3, 3], activation="relu", input_shape=(28, 28, 1)
+        ),
         tf.keras.layers.Conv2D(64, [3, 3], activation="relu"),
         tf.keras.layers.MaxPooling2D(pool_size=(2, 2)),
         tf.keras.layers.Dropout(0.25),
@@ -110,6 +113,7 @@ dist_keras.callbacks.BroadcastGlobalVariablesCallback(0)
 assert not hasattr(dist, "get_worker_comm")
 
 first_loss = None
+loss_value = tf.constant(float("nan"))  # what --steps 0 prints
 for batch, (images, labels) in enumerate(dataset.take(args.steps)):
     if dist.rank() == args.fail_rank and batch == 5:
         print(f"SMDDP_FAILING rank={dist.rank()} at={time.time():.3f}", flush=True)
