@@ -35,8 +35,8 @@ KILL_WAIT_S = 5.0
 Ask = Callable[[str, Message, float], Message]
 
 
-class LocalPart(Protocol):
-    """This host's share of the job."""
+class Supervised(Protocol):
+    """What the supervising loops see of this host's part."""
 
     # Who decides the job's outcome (the master's loop reads it).
     verdict: VerdictRule
@@ -44,17 +44,6 @@ class LocalPart(Protocol):
     starts_on_start: bool
     # A worker reports how its part ended (else the master's part knows: mpirun).
     reports_exit: bool
-    # The channel's message types, the part's own included.
-    catalog: Catalog
-
-    def handlers(self) -> Handlers:
-        """The part's handlers of channel messages (added to the channel's own)."""
-
-    def prepare(self) -> None:
-        """Before the channel opens: what must exist once a worker connects (sshd, sockets)."""
-
-    def attach(self, ask: Ask) -> None:
-        """The master's channel is open: the part may ask the workers through it."""
 
     def ready_workers(self, connected: frozenset[str], now: float) -> frozenset[str]:
         """The master's: of the connected workers, those the part can start on."""
@@ -75,6 +64,22 @@ class LocalPart(Protocol):
     def failure(self, code: int) -> Failure | None:
         """The failure of a part that ended with `code` (None for success), worded by the part:
         how it exited, its last error line, the host where that happened."""
+
+
+class LocalPart(Supervised, Protocol):
+    """This host's share of the job: what the loops see, and what the channel needs of it."""
+
+    # The channel's message types, the part's own included.
+    catalog: Catalog
+
+    def handlers(self) -> Handlers:
+        """The part's handlers of channel messages (added to the channel's own)."""
+
+    def prepare(self) -> None:
+        """Before the channel opens: what must exist once a worker connects (sshd, sockets)."""
+
+    def attach(self, ask: Ask) -> None:
+        """The master's channel is open: the part may ask the workers through it."""
 
     def close(self) -> None:
         """After the channel closed: release what `prepare` opened."""

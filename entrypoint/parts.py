@@ -146,7 +146,7 @@ class TaskGroupPart(PartBase):
         if decisive is None:
             return None
         name, code = decisive
-        if code != 0:
+        if code != 0 and name is not None:
             # The first task seen failing stays the part's failure.
             self._failed = self._failed or name
             return codes[self._failed]

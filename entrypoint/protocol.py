@@ -100,6 +100,8 @@ class Message:
 
     TYPE: ClassVar[str]
     TRAVELS: ClassVar[frozenset[Direction]]
+    # Every subclass is a dataclass (dataclasses.fields reads this).
+    __dataclass_fields__: ClassVar[dict[str, dataclasses.Field[Any]]]
 
     def to_json(self) -> Fields:
         return {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}

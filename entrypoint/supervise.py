@@ -28,10 +28,11 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Protocol
 
 from entrypoint.coordination import MasterChannel, WorkerChannel
 from entrypoint.job import VerdictRule, format_command
-from entrypoint.localpart import KILL_WAIT_S, LocalPart
+from entrypoint.localpart import KILL_WAIT_S, Supervised
 from entrypoint.parts import local_part
 from entrypoint.plan import JobPlan
 from entrypoint.protocol import Exited, Verdict, host_verdict, suspect_peers
@@ -73,6 +74,41 @@ class JobError(Exception):
 
 def _stopped(message: str = "stopped by SIGTERM") -> JobError:
     return JobError.of(Reason.STOPPED, message, STOPPED_EXIT_CODE)
+
+
+class MasterEnd(Protocol):
+    """What the master's loop uses of its channel end (coordination.MasterChannel)."""
+
+    @property
+    def longest_silence_s(self) -> float: ...
+
+    def connected(self) -> frozenset[str]: ...
+    def lost(self) -> dict[str, str]: ...
+    def exits(self) -> dict[str, Exited]: ...
+    def silences(self) -> dict[str, float]: ...
+    def drop(self, host: str, why: str) -> None: ...
+    def stop_requested(self) -> str | None: ...
+    def start_workers(self) -> None: ...
+    def stop_workers(self) -> None: ...
+    def send_verdict(self, verdict: Verdict, timeout_s: float) -> list[str]: ...
+
+
+class WorkerEnd(Protocol):
+    """What a worker's loop uses of its channel end (coordination.WorkerChannel)."""
+
+    @property
+    def longest_silence_s(self) -> float: ...
+    @property
+    def started(self) -> bool: ...
+    @property
+    def stop_requested(self) -> bool: ...
+    @property
+    def verdict(self) -> Verdict | None: ...
+    @property
+    def lost(self) -> str | None: ...
+
+    def send_exited(self, exit_code: int, failure: Failure | None) -> None: ...
+    def send_stop(self) -> None: ...
 
 
 class Clock:
@@ -131,7 +167,7 @@ def detect_gpu_count() -> int:
 
 def wait_for_workers(
     workers: tuple[str, ...],
-    channel: MasterChannel,
+    channel: MasterEnd,
     timeout_s: float,
     stop: threading.Event,
     *,
@@ -185,7 +221,7 @@ class _Grace:
     def __init__(
         self,
         stop: threading.Event,
-        part: LocalPart,
+        part: Supervised,
         grace_s: float,
         clock: Clock,
         *,
@@ -219,7 +255,7 @@ class _Grace:
         return now >= self.deadline
 
 
-def _settle_lost(channel: MasterChannel | None, clock: Clock) -> dict[str, str]:
+def _settle_lost(channel: MasterEnd | None, clock: Clock) -> dict[str, str]:
     """Hosts the channel reports lost within LOSS_SETTLE_S (a closed connection is seen in
     milliseconds; this only waits when mpirun failed)."""
     deadline = clock.now() + LOSS_SETTLE_S
@@ -239,7 +275,7 @@ def _host_lost(lost: dict[str, str]) -> JobError:
 
 
 def _mpirun_outcome(
-    code: int, part: LocalPart, channel: MasterChannel | None, stop: threading.Event, clock: Clock
+    code: int, part: Supervised, channel: MasterEnd | None, stop: threading.Event, clock: Clock
 ) -> JobError | None:
     log.info("mpirun exited with code %d", code)
     if stop.is_set():
@@ -254,7 +290,7 @@ def _mpirun_outcome(
     if lost:
         return _host_lost(lost)
     suspects = suspect_peers(channel.silences(), SUSPECT_SILENCE_S) if channel else []
-    if suspects:
+    if suspects and channel is not None:
         host = suspects[0]
         why = f"nothing heard for {channel.silences().get(host, SUSPECT_SILENCE_S):.0f} s"
         channel.drop(host, why)
@@ -268,8 +304,8 @@ def _mpirun_outcome(
 
 def _supervise_master(
     plan: JobPlan,
-    part: LocalPart,
-    channel: MasterChannel | None,
+    part: Supervised,
+    channel: MasterEnd | None,
     config: ShellConfig,
     stop: threading.Event,
 ) -> Verdict:
@@ -314,8 +350,8 @@ def _supervise_master(
 
 def run_master(
     plan: JobPlan,
-    part: LocalPart,
-    channel: MasterChannel | None,
+    part: Supervised,
+    channel: MasterEnd | None,
     config: ShellConfig,
     stop: threading.Event,
 ) -> int:
@@ -364,8 +400,8 @@ def run_master(
 
 def _supervise_worker(
     plan: JobPlan,
-    part: LocalPart,
-    channel: WorkerChannel,
+    part: Supervised,
+    channel: WorkerEnd,
     config: ShellConfig,
     stop: threading.Event,
 ) -> int:
@@ -412,8 +448,8 @@ def _supervise_worker(
 
 def run_worker(
     plan: JobPlan,
-    part: LocalPart,
-    channel: WorkerChannel,
+    part: Supervised,
+    channel: WorkerEnd,
     config: ShellConfig,
     stop: threading.Event,
 ) -> int:
