@@ -62,3 +62,33 @@ def test_no_check_is_registered_outside_an_installed_image():
     # The checkout is not installed; in the image pyproject.toml's entry points register both
     # (tests/test_image.py).
     assert registered_checks("sm_horovod.no_such_group") == {}
+
+
+def test_a_check_whose_package_is_not_in_the_image_is_skipped(tmp_path: Path, monkeypatch):
+    """The torch image installs neither model nor tf_s3, whose checks pyproject.toml registers."""
+    dist = tmp_path / "demo-0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: demo\nVersion: 0\n")
+    (dist / "entry_points.txt").write_text(
+        "[sm_horovod.test_checks]\n"
+        "absent = no_such_package_here.hparams:check\n"
+        "present = json:loads\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert registered_checks("sm_horovod.test_checks") == {"present": json.loads}
+
+
+def test_a_check_that_fails_to_import_for_another_reason_fails_loudly(tmp_path: Path, monkeypatch):
+    package = tmp_path / "brokencheck"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "checks.py").write_text("import no_such_dependency_anywhere\n")
+    dist = tmp_path / "broken-0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: broken\nVersion: 0\n")
+    (dist / "entry_points.txt").write_text(
+        "[sm_horovod.broken_checks]\nbroken = brokencheck.checks:check\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ModuleNotFoundError, match="no_such_dependency_anywhere"):
+        registered_checks("sm_horovod.broken_checks")
