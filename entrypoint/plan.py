@@ -28,7 +28,7 @@ from entrypoint.contract import (
     UserScript,
     instance_group_environment,
 )
-from entrypoint.names import BACKEND_ENV, JOB_SECRET_ENV, OLD_JOB_SECRET_ENV
+from smcommon.names import BACKEND_ENV, JOB_SECRET_ENV, OLD_JOB_SECRET_ENV
 
 # TensorFlow's parameter-server guide: workers and ps fail an RPC at once when a peer is gone,
 # instead of retrying it forever.
