@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from entrypoint.contract import Backend, Contract
+from entrypoint.protocol import Exited, Verdict
+from smcommon.failure import STOPPED_EXIT_CODE, Failure, Reason
 
 # What a per-host program host is told about the distribution master: the name the PyTorch
 # toolkit sets for it (sagemaker-pytorch-training-toolkit, training.py: MASTER_ADDR is the first
@@ -121,3 +123,62 @@ def describe_roles(contract: Contract, roles: tuple[HostRole, ...]) -> str:
                 f"per-host program on {','.join(program_hosts)} (group {instance_group.name})"
             )
     return "; ".join(parts)
+
+
+# --------------------------------------------------------------------------------------------
+# One verdict for every host
+
+
+def program_failure(role: HostRole, exited: Exited) -> Failure:
+    """A program host's failure, naming the host and its group."""
+    if exited.failure is None:
+        return Failure(
+            Reason.TRAINING_FAILED,
+            f"the per-host program of group {role.group} exited with code {exited.exit_code}",
+            role.host,
+        )
+    return Failure(
+        exited.failure.reason,
+        f"the per-host program of group {role.group}: {exited.failure.message}",
+        role.host,
+    )
+
+
+def lost_program_host(role: HostRole, why: str) -> Failure:
+    """A program host lost (its container gone, or cut off): the job fails, naming its group."""
+    return Failure(
+        Reason.HOST_LOST, f"host {role.host} (group {role.group}) lost during training: {why}",
+        role.host,
+    )  # fmt: skip
+
+
+def job_verdict(
+    roles: Sequence[HostRole],
+    distributed: Verdict | None,
+    program_exits: Mapping[str, Exited],
+    *,
+    stopping: bool = False,
+) -> Verdict | None:
+    """The job's verdict where some hosts run a per-host program beside the distributed one.
+    None while undecided.
+
+    - The distributed program's verdict (`distributed`, decided by its backend's own rule over
+      the distribution hosts) is the job's: once it is known the program hosts are stopped, and
+      how they end then changes nothing.
+    - Before that, a program host ending non-zero (the first in host order) fails the job at
+      once; a program host ending with 0 decides nothing (a data server may finish early).
+    - Stopping (SIGTERM): every part gets its grace, so the job is stopped (143) once the
+      distributed program's verdict is in and every program host has ended.
+    """
+    program = [role for role in roles if role.kind is RoleKind.PROGRAM]
+    if stopping:
+        if distributed is None or any(role.host not in program_exits for role in program):
+            return None
+        return Verdict(STOPPED_EXIT_CODE, Failure(Reason.STOPPED, "stopped by SIGTERM"))
+    if distributed is not None:
+        return distributed
+    for role in program:
+        exited = program_exits.get(role.host)
+        if exited is not None and exited.exit_code != 0:
+            return Verdict(exited.exit_code, program_failure(role, exited))
+    return None

@@ -21,9 +21,13 @@ from entrypoint.groups import (
     describe_roles,
     distribution_ranks_per_host,
     host_roles,
+    job_verdict,
+    lost_program_host,
     program_host_environment,
 )
 from entrypoint.plan import make_plan, sagemaker_environment
+from entrypoint.protocol import Exited, Verdict
+from smcommon.failure import Failure, Reason
 
 # As SageMaker writes it for two groups: group hosts neither sorted nor contiguous, and the
 # distribution group's first host (the master) is not algo-1 (AWS's developer guide shows
@@ -426,3 +430,62 @@ def test_roles_of_a_one_group_job_are_all_distributed():
 )
 def test_distribution_ranks_per_host(backend, requested, gpus, ranks):
     assert distribution_ranks_per_host(backend, requested, gpus) == ranks
+
+
+# --------------------------------------------------------------------------------------------
+# One verdict
+
+
+ROLES = (
+    HostRole("algo-1", "dnn_group", RoleKind.DISTRIBUTED, "algo-3", 8),
+    HostRole("algo-2", "data_group", RoleKind.PROGRAM, "algo-3", 1),
+    HostRole("algo-3", "dnn_group", RoleKind.DISTRIBUTED, "algo-3", 8),
+    HostRole("algo-4", "data_group", RoleKind.PROGRAM, "algo-3", 1),
+)
+
+
+def test_the_distributed_verdict_is_the_jobs():
+    assert job_verdict(ROLES, None, {}) is None
+    # A data host ending with 0 decides nothing.
+    assert job_verdict(ROLES, None, {"algo-2": Exited(0)}) is None
+    assert job_verdict(ROLES, Verdict(0), {}) == Verdict(0)
+    failed = Verdict(1, Failure(Reason.TRAINING_FAILED, "rank 3 exited with code 1", "algo-1"))
+    assert job_verdict(ROLES, failed, {"algo-2": Exited(0)}) == failed
+    # Once training is decided, how the stopped data hosts end changes nothing.
+    assert job_verdict(ROLES, Verdict(0), {"algo-2": Exited(143), "algo-4": Exited(1)}) == (
+        Verdict(0)
+    )
+
+
+def test_a_program_host_failing_fails_the_job_naming_host_and_group():
+    assert job_verdict(ROLES, None, {"algo-4": Exited(2), "algo-2": Exited(0)}) == Verdict(
+        2,
+        Failure(
+            Reason.TRAINING_FAILED,
+            "the per-host program of group data_group exited with code 2",
+            "algo-4",
+        ),
+    )
+    with_line = Exited(1, Failure(Reason.TRAINING_FAILED, "OSError: port in use", "algo-2"))
+    assert job_verdict(ROLES, None, {"algo-4": Exited(3), "algo-2": with_line}) == Verdict(
+        1,
+        Failure(
+            Reason.TRAINING_FAILED,
+            "the per-host program of group data_group: OSError: port in use",
+            "algo-2",
+        ),
+    )
+    assert lost_program_host(ROLES[1], "connection closed") == Failure(
+        Reason.HOST_LOST,
+        "host algo-2 (group data_group) lost during training: connection closed",
+        "algo-2",
+    )
+
+
+def test_stopping_waits_for_every_part():
+    stopped = Verdict(143, Failure(Reason.STOPPED, "stopped by SIGTERM"))
+    assert job_verdict(ROLES, None, {"algo-2": Exited(143), "algo-4": Exited(143)},
+                       stopping=True) is None  # fmt: skip
+    assert job_verdict(ROLES, stopped, {"algo-2": Exited(143)}, stopping=True) is None
+    both = {"algo-2": Exited(0), "algo-4": Exited(143)}
+    assert job_verdict(ROLES, stopped, both, stopping=True) == stopped
