@@ -16,7 +16,7 @@ from typing import ClassVar, assert_never
 
 from sagemaker_training import mapping, params
 
-from entrypoint import tf_config
+from entrypoint import groups, tf_config
 from entrypoint.contract import (
     Backend,
     BuiltinProgram,
@@ -106,6 +106,11 @@ class JobPlan(JobShape):
     environment: Mapping[str, str]
     command: tuple[str, ...]
     launch: Launch
+    # Every host's role (groups.host_roles): which run the distributed program, which their own.
+    roles: tuple[groups.HostRole, ...] = ()
+
+    def role(self, host: str) -> groups.HostRole | None:
+        return next((role for role in self.roles if role.host == host), None)
 
 
 def ranks_per_host(requested: int | None, gpu_count: int) -> int:
@@ -227,7 +232,9 @@ def make_plan(
             assert_never(unknown)
     argv, working_dir = program_argv(contract, python=python)
     shape = JobShape(
-        hosts=contract.hosts,
+        # A heterogeneous cluster's backend runs over the distribution group only.
+        hosts=contract.distribution_hosts,
+        job_hosts=contract.hosts,
         master_host=contract.master_host,
         current_host=contract.current_host,
         ranks_per_host=ranks,
@@ -244,12 +251,21 @@ def make_plan(
     base = {**(env or {}), **contract.toolkit_environment}
     sm_env = sagemaker_environment(contract, gpu_count=gpu_count, cpu_count=cpu_count)
     environment = rank_environment(base, sm_env, shape)
-    launch = build(shape, environment)
+    roles = groups.host_roles(contract, distribution_gpu_count=gpu_count)
+    role = next(role for role in roles if role.host == contract.current_host)
+    launch: Launch
+    if role.kind is groups.RoleKind.PROGRAM:
+        # Outside the distribution group: the program once, told the distribution master.
+        environment = {**environment, **groups.program_host_environment(role)}
+        launch = program_launch(shape, environment)
+    else:
+        launch = build(shape, environment)
     return JobPlan(
         **{field.name: getattr(shape, field.name) for field in dataclasses.fields(JobShape)},
         environment=environment,
         command=launch.command,
         launch=launch,
+        roles=roles,
     )
 
 
@@ -315,8 +331,8 @@ def training_env(
     """SM_TRAINING_ENV: every property of the toolkit's Environment (environment.py, dict(env)),
     with this job's master and distribution hosts (the toolkit's master_hostname: the first
     distribution host)."""
-    groups = {group.name: group for group in contract.instance_groups}
-    current = groups[contract.current_group]
+    by_name = {group.name: group for group in contract.instance_groups}
+    current = by_name[contract.current_group]
     distribution = [] if contract.distribution_group is None else [contract.distribution_group]
     return {
         "additional_framework_parameters": {
@@ -340,8 +356,8 @@ def training_env(
         "input_config_dir": fields["input_config_dir"],
         "input_data_config": dict(contract.input_data_config),
         "input_dir": fields["input_dir"],
-        "instance_groups": list(groups),
-        "instance_groups_dict": {name: group.as_toolkit_dict() for name, group in groups.items()},
+        "instance_groups": list(by_name),
+        "instance_groups_dict": {name: group.as_toolkit_dict() for name, group in by_name.items()},
         "is_hetero": contract.is_hetero,
         "is_master": contract.current_host == contract.master_host,
         "is_modelparallel_enabled": None,
