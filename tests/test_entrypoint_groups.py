@@ -25,6 +25,7 @@ from entrypoint.groups import (
     lost_program_host,
     program_host_environment,
 )
+from entrypoint.job import VerdictRule
 from entrypoint.plan import make_plan, sagemaker_environment
 from entrypoint.protocol import Exited, Verdict
 from smcommon.failure import Failure, Reason
@@ -489,3 +490,52 @@ def test_stopping_waits_for_every_part():
     assert job_verdict(ROLES, stopped, {"algo-2": Exited(143)}, stopping=True) is None
     both = {"algo-2": Exited(0), "algo-4": Exited(143)}
     assert job_verdict(ROLES, stopped, both, stopping=True) == stopped
+
+
+# --------------------------------------------------------------------------------------------
+# The plan of each host
+
+
+def hetero_plan(current, hyperparameters=None, gpu_count=0):
+    contract = parse(
+        resource(current=current),
+        hyperparameters,
+        env={"SM_IMAGE_FLAVOR": "torch-cpu"},
+    )
+    return make_plan(contract, gpu_count=gpu_count)
+
+
+def test_mpirun_runs_over_the_distribution_group_only():
+    plan = hetero_plan("algo-3", gpu_count=4)
+    assert plan.is_master and plan.master_host == "algo-3"
+    assert plan.hosts == ("algo-3", "algo-1")
+    assert plan.channel_workers == ("algo-1", "algo-2", "algo-4")
+    assert plan.program_hosts == ("algo-2", "algo-4")
+    argv = list(plan.launch.argv)
+    assert argv[argv.index("-np") + 1] == "8"
+    assert argv[argv.index("-H") + 1] == "algo-3:4,algo-1:4"
+    assert plan.launch.worker_hosts == ("algo-1",)
+
+
+def test_a_program_host_runs_the_program_once_told_the_master():
+    plan = hetero_plan("algo-2")
+    assert not plan.is_master
+    (process,) = plan.launch.processes
+    assert process.argv == ("python", "train.py", "--epochs", "2")
+    assert process.env["MASTER_ADDR"] == "algo-3"
+    assert process.env["SM_CURRENT_INSTANCE_GROUP"] == "data_group"
+    assert plan.launch.verdict is VerdictRule.EVERY_HOST
+
+
+def test_torchrun_runs_over_the_distribution_group_only():
+    torch = {
+        "sagemaker_program": '"train.py"',
+        "sagemaker_torch_distributed_enabled": "true",
+        "sagemaker_distribution_instance_groups": '["dnn_group"]',
+    }
+    argv = list(hetero_plan("algo-1", torch).launch.processes[0].argv)
+    assert argv[argv.index("--nnodes") + 1] == "2"
+    assert argv[argv.index("--node-rank") + 1] == "1"
+    assert argv[argv.index("--master-addr") + 1] == "algo-3"
+    (process,) = hetero_plan("algo-4", torch).launch.processes
+    assert process.argv == ("python", "train.py")
