@@ -102,3 +102,45 @@ def test_mpi_a_killed_training_host_fails_every_host(make_cluster):
     survivors = kill_mid_run(cluster, "algo-1", MPI_RUNNING)
     assert cluster.failure(MASTER).startswith("HostLost: host algo-1"), cluster.describe()
     assert DATA in survivors
+
+
+EXAMPLE_DIR = Path(__file__).resolve().parent.parent / "examples" / "hetero"
+
+
+def test_the_example_trains_on_batches_from_the_data_group(make_cluster, tmp_path):
+    """examples/hetero: the data host serves digits batches (its `train` channel only, as
+    S3DataSource.InstanceGroupNames would give it), Horovod trains on the dnn group, and the
+    data host is stopped when training ends."""
+    import importlib.util  # noqa: PLC0415
+
+    spec = importlib.util.spec_from_file_location("hetero_digits", EXAMPLE_DIR / "hetero_digits.py")
+    assert spec is not None and spec.loader is not None
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    data = tmp_path / "train"
+    example.write_data(data)
+    cluster = make_cluster(
+        HOSTS,
+        hyperparameters={
+            "sagemaker_program": "hetero_digits.py",
+            "sagemaker_mpi_enabled": "true",
+            "sagemaker_distribution_instance_groups": '["dnn_group"]',
+            "host_wait_timeout": "60",
+            "epochs": "2",
+            "steps_per_epoch": "10",
+        },
+        code_dir=EXAMPLE_DIR,
+        host_channels={DATA: {"train": data}},
+        instance_groups=GROUPS,
+    )
+    cluster.start()
+    codes = cluster.wait(timeout=240)
+    assert codes == dict.fromkeys(HOSTS, 0), cluster.describe()
+    master_log = cluster.logs(MASTER)
+    assert "takes batches from algo-2" in master_log
+    accuracy = re.search(r"test accuracy (\d\.\d+) on 360 held-out digits", master_log)
+    assert accuracy and float(accuracy.group(1)) > 0.5, master_log
+    assert (cluster.ml_root(MASTER) / "model" / "model.keras").exists()
+    assert re.search(
+        r"data host algo-2 stopped by SIGTERM after serving \d+ batches", cluster.logs(DATA)
+    )
