@@ -84,8 +84,11 @@ def kill_mid_run(cluster, victim: str, running_log: dict[str, str]) -> list[str]
 MPI_RUNNING = {MASTER: "RUNNING rank=1"}
 
 
-def test_mpi_trains_on_the_distribution_group_only(make_cluster):
-    cluster = hetero_cluster(make_cluster, MPI)
+@pytest.mark.parametrize("remote_shell", ["channel", "ssh"])
+def test_mpi_trains_on_the_distribution_group_only(make_cluster, remote_shell):
+    """Over ssh the program host runs no sshd and is not ssh-checked; algo-1's ranks read their
+    own group from sshd's SetEnv (the channel launch: from the orted algo-1 spawns)."""
+    cluster = hetero_cluster(make_cluster, {**MPI, "mpi_remote_shell": remote_shell})
     check_training_on_the_distribution_group_only(cluster)
     assert "-H algo-3:1,algo-1:1" in cluster.logs(MASTER), cluster.describe()
 
