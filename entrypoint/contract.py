@@ -17,11 +17,11 @@ import logging
 import math
 import re
 import shlex
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from sagemaker_training import params
+from sagemaker_training import mapping, params
 
 from smcommon import names
 
@@ -93,6 +93,13 @@ PS_ENABLED_PARAM = params.PARAMETER_SERVER_ENABLED
 # The SDK's switch for torchrun (distribution={"torch_distributed": {"enabled": True}},
 # sagemaker/pytorch/estimator.py); only the torch image has torch.
 TORCH_DISTRIBUTED_ENABLED_PARAM = "sagemaker_torch_distributed_enabled"
+# distribution={..., "instance_groups": [group]} in the SDK (sagemaker/estimator.py,
+# Framework._distribution_configuration): a JSON list naming the one instance group that runs
+# the distributed program (SageMaker distributes exactly one group).
+DISTRIBUTION_GROUPS_PARAM = "sagemaker_distribution_instance_groups"
+# The group name the toolkit gives a resourceconfig.json without current_group_name
+# (sagemaker_training/environment.py), and the name SageMaker writes for a one-group job.
+HOMOGENEOUS_GROUP = "homogeneousCluster"
 # Set in each image (Dockerfile): "gpu"/"cpu" for TensorFlow, "torch"/"torch-cpu" for PyTorch.
 IMAGE_FLAVOR_ENV = "SM_IMAGE_FLAVOR"
 
@@ -207,6 +214,24 @@ class EntrypointSettings:
 
 
 @dataclasses.dataclass(frozen=True)
+class InstanceGroup:
+    """One instance group of a (heterogeneous) cluster, as resourceconfig.json lists it."""
+
+    name: str
+    instance_type: str
+    # In file order: SageMaker writes them neither sorted nor contiguous (["algo-3", "algo-1"]).
+    hosts: tuple[str, ...]
+
+    def as_toolkit_dict(self) -> dict[str, Any]:
+        """The group as the toolkit passes it on (SM_INSTANCE_GROUPS_DICT): the file's keys."""
+        return {
+            "hosts": list(self.hosts),
+            "instance_group_name": self.name,
+            "instance_type": self.instance_type,
+        }
+
+
+@dataclasses.dataclass(frozen=True)
 class Contract:
     """What one host knows about the job before any process starts."""
 
@@ -229,10 +254,49 @@ class Contract:
     # Variables the toolkit sets for the program (SAGEMAKER_JOB_NAME, SAGEMAKER_REGION,
     # SM_LOG_LEVEL): environment.py Environment.__init__ and to_env_vars().
     toolkit_environment: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    # The instance groups in file order; one group (named current_group_name, else
+    # homogeneousCluster, over every host) where resourceconfig.json lists none.
+    instance_groups: tuple[InstanceGroup, ...] = ()
+    # The group of current_host.
+    current_group: str = HOMOGENEOUS_GROUP
+    # The group whose hosts run the distributed program (choose_distribution_group); None only
+    # for a per-host job (sagemaker_mpi_enabled=false) over several groups that names none:
+    # then every host's program is part of the job.
+    distribution_group: str | None = HOMOGENEOUS_GROUP
+
+    @property
+    def is_hetero(self) -> bool:
+        """Several instance groups (the toolkit's is_hetero)."""
+        return len(self.instance_groups) > 1
+
+    @property
+    def distribution_hosts(self) -> tuple[str, ...]:
+        """The hosts that run the distributed program: every host (sorted, as always) in a
+        one-group job; the distribution group's hosts in file order in a heterogeneous one."""
+        if not self.is_hetero or self.distribution_group is None:
+            return self.hosts
+        return self.group(self.distribution_group).hosts
 
     @property
     def master_host(self) -> str:
-        return choose_master(self.hosts)
+        """The first distribution host: algo-1 (the first sorted host) in a one-group job as
+        before; in a heterogeneous job the distribution group's first host in file order,
+        which is the toolkit's master_hostname (not always algo-1)."""
+        if not self.is_hetero or self.distribution_group is None:
+            return choose_master(self.hosts)
+        return self.distribution_hosts[0]
+
+    def group(self, name: str) -> InstanceGroup:
+        for group in self.instance_groups:
+            if group.name == name:
+                return group
+        raise KeyError(name)
+
+    def group_of(self, host: str) -> InstanceGroup:
+        for group in self.instance_groups:
+            if host in group.hosts:
+                return group
+        raise KeyError(host)
 
 
 def choose_master(hosts: tuple[str, ...]) -> str:
@@ -642,6 +706,140 @@ def _check_channels(input_data_config: Mapping[str, Any], source: str) -> None:
             raise ContractError(f"{source}: channel {channel!r} must map to an object")
 
 
+def _parse_group(entry: Any, index: int, source: str) -> InstanceGroup:
+    """One entry of resourceconfig.json's instance_groups."""
+    if not isinstance(entry, dict):
+        raise ContractError(f"{source}: instance_groups[{index}] must be an object")
+    name = entry.get("instance_group_name")
+    if not isinstance(name, str) or not name:
+        raise ContractError(f"{source}: instance_groups[{index}] has no instance_group_name")
+    group_type = entry.get("instance_type", "local")
+    if not isinstance(group_type, str) or not group_type:
+        raise ContractError(f"{source}: instance group {name!r}: bad instance_type")
+    group_hosts = entry.get("hosts")
+    if not isinstance(group_hosts, list) or not all(isinstance(h, str) for h in group_hosts):
+        raise ContractError(f"{source}: instance group {name!r}: 'hosts' must be a list")
+    if not group_hosts:
+        raise ContractError(f"{source}: instance group {name!r} has no hosts")
+    return InstanceGroup(name, group_type, tuple(group_hosts))
+
+
+def _group_owners(
+    groups: Sequence[InstanceGroup], hosts: tuple[str, ...], source: str
+) -> dict[str, str]:
+    """host -> its group's name; every host in exactly one group, every group host a host."""
+    owner: dict[str, str] = {}
+    for group in groups:
+        for host in group.hosts:
+            if host in owner:
+                where = "twice" if owner[host] == group.name else f"and in group {owner[host]!r}"
+                raise ContractError(
+                    f"{source}: host {host} is in instance group {group.name!r} {where}"
+                )
+            if host not in hosts:
+                raise ContractError(
+                    f"{source}: instance group {group.name!r} lists {host}, which is not in the "
+                    f"host list [{', '.join(hosts)}]"
+                )
+            owner[host] = group.name
+    stray = [host for host in hosts if host not in owner]
+    if stray:
+        raise ContractError(f"{source}: host {', '.join(stray)} is in no instance group")
+    return owner
+
+
+def parse_instance_groups(
+    resource_config: Mapping[str, Any],
+    hosts: tuple[str, ...],
+    current_host: str,
+    source: str,
+) -> tuple[tuple[InstanceGroup, ...], str]:
+    """The job's instance groups (file order) and the current host's group. Without
+    `instance_groups` (local mode, a hand-written file) the job is one group over every host,
+    named as the toolkit names it. Every host is in exactly one group, no group is empty."""
+    current_name = resource_config.get("current_group_name")
+    if current_name is not None and (not isinstance(current_name, str) or not current_name):
+        raise ContractError(f"{source}: current_group_name {current_name!r} is not a group name")
+    raw = resource_config.get("instance_groups")
+    if raw is None or raw == []:
+        name = current_name or HOMOGENEOUS_GROUP
+        instance_type = str(resource_config.get("current_instance_type", "local"))
+        return (InstanceGroup(name, instance_type, tuple(sorted(hosts))),), name
+    if not isinstance(raw, list):
+        raise ContractError(f"{source}: 'instance_groups' must be a list of groups")
+    groups: list[InstanceGroup] = []
+    for index, entry in enumerate(raw):
+        group = _parse_group(entry, index, source)
+        if any(other.name == group.name for other in groups):
+            raise ContractError(f"{source}: instance group {group.name!r} is listed twice")
+        groups.append(group)
+    current_group = _group_owners(groups, hosts, source)[current_host]
+    if current_name is not None and current_name != current_group:
+        raise ContractError(
+            f"{source}: current_group_name is {current_name!r} but current host "
+            f"{current_host} is in instance group {current_group!r}"
+        )
+    return tuple(groups), current_group
+
+
+def choose_distribution_group(
+    group_names: Sequence[str], hyperparameters: Mapping[str, Any], backend: Backend
+) -> str | None:
+    """The one group that runs the distributed program: the one sagemaker_distribution_-
+    instance_groups names (a JSON list of exactly one group, as the SDK sends it), else the
+    only group. With several groups and no such hyperparameter there is no safe guess (the
+    toolkit would give each group a world of its own, CPU groups too): the job fails, except
+    a per-host job (sagemaker_mpi_enabled=false), where every host's program is the job (None)."""
+    if DISTRIBUTION_GROUPS_PARAM in hyperparameters:
+        raw = hyperparameters[DISTRIBUTION_GROUPS_PARAM]
+        given = f"hyperparameter {DISTRIBUTION_GROUPS_PARAM}={hyperparameter_text(raw)}"
+        if not isinstance(raw, list) or not all(isinstance(name, str) for name in raw):
+            raise ContractError(f"{given} is not a JSON list of instance group names")
+        if len(raw) != 1:
+            raise ContractError(
+                f"{given} names {len(raw)} groups: exactly one instance group can be distributed"
+            )
+        if raw[0] not in group_names:
+            raise ContractError(
+                f"{given}: the job has no instance group {raw[0]!r} "
+                f"(groups: {', '.join(group_names)})"
+            )
+        return str(raw[0])
+    if len(group_names) == 1:
+        return group_names[0]
+    if backend is Backend.PER_HOST:
+        return None
+    raise ContractError(
+        f"{len(group_names)} instance groups ({', '.join(group_names)}) and no hyperparameter "
+        f"{DISTRIBUTION_GROUPS_PARAM}: name the one group that runs the {backend.value} program "
+        "(the SDK's distribution={..., 'instance_groups': [group]}, or launch's "
+        "--distribution-group)"
+    )
+
+
+def instance_group_environment(
+    groups: Sequence[InstanceGroup], current_group: str, distribution_group: str | None
+) -> dict[str, str]:
+    """The toolkit's instance-group variables for the program (environment.py to_env_vars,
+    encoded by its own mapping.to_env_vars): SM_CURRENT_INSTANCE_GROUP,
+    SM_CURRENT_INSTANCE_GROUP_HOSTS, SM_INSTANCE_GROUPS, SM_INSTANCE_GROUPS_DICT,
+    SM_DISTRIBUTION_INSTANCE_GROUPS, SM_IS_HETERO. The distribution groups are the one this
+    job distributes ([] for a per-host job over several groups that names none)."""
+    current = next(group for group in groups if group.name == current_group)
+    return mapping.to_env_vars(
+        {
+            "current_instance_group": current.name,
+            "current_instance_group_hosts": list(current.hosts),
+            "instance_groups": [group.name for group in groups],
+            "instance_groups_dict": {group.name: group.as_toolkit_dict() for group in groups},
+            "distribution_instance_groups": (
+                [] if distribution_group is None else [distribution_group]
+            ),
+            "is_hetero": len(groups) > 1,
+        }
+    )
+
+
 def parse_contract(
     *,
     resource_config_text: str,
@@ -681,10 +879,23 @@ def parse_contract(
         env.get("TRAINING_JOB_NAME") or hyperparameter_text(decoded.get(JOB_NAME_PARAM, "")) or None
     )
     program = _parse_program(decoded, env)
+    groups, current_group = parse_instance_groups(
+        resource_config, hosts, current_host, resource_source
+    )
     try:
+        distribution_group = choose_distribution_group(
+            [group.name for group in groups], decoded, settings.backend
+        )
+        distribution_count = (
+            len(hosts)
+            if distribution_group is None
+            else len(next(g for g in groups if g.name == distribution_group).hosts)
+        )
         check_backend_in_image(settings.backend, env.get(IMAGE_FLAVOR_ENV, ""))
         check_backend_fits(
-            settings.backend, len(hosts), builtin_program=isinstance(program, BuiltinProgram)
+            settings.backend,
+            distribution_count,
+            builtin_program=isinstance(program, BuiltinProgram),
         )
     except ContractError as error:
         raise ContractError(f"{paths.hyperparameters}: {error}") from None
@@ -703,6 +914,9 @@ def parse_contract(
         job_name=job_name,
         paths=paths,
         toolkit_environment=toolkit_environment(decoded, env, settings.log_level),
+        instance_groups=groups,
+        current_group=current_group,
+        distribution_group=distribution_group,
     )
 
 

@@ -71,6 +71,10 @@ class JobShape:
     python: str = "python"
     # The channel launch's call-back deadline (orted_callback_timeout); None: the default.
     orted_callback_timeout_s: float | None = None
+    # Every host of the job, each on the coordination channel; () where that is `hosts`. In a
+    # heterogeneous cluster `hosts` are the distribution group's (the backend runs over them)
+    # and the others are program hosts (the program once each: groups.py).
+    job_hosts: tuple[str, ...] = ()
 
     @property
     def is_master(self) -> bool:
@@ -78,7 +82,18 @@ class JobShape:
 
     @property
     def worker_hosts(self) -> tuple[str, ...]:
+        """The backend's other hosts (mpirun's orted, torchrun's other nodes)."""
         return tuple(host for host in self.hosts if host != self.master_host)
+
+    @property
+    def channel_workers(self) -> tuple[str, ...]:
+        """Every host but the master: each keeps one connection to it."""
+        return tuple(host for host in (self.job_hosts or self.hosts) if host != self.master_host)
+
+    @property
+    def program_hosts(self) -> tuple[str, ...]:
+        """The hosts outside the distribution group (none in a one-group job)."""
+        return tuple(host for host in self.job_hosts if host not in self.hosts)
 
     @property
     def total_ranks(self) -> int:
@@ -86,7 +101,7 @@ class JobShape:
 
     @property
     def is_multi_host(self) -> bool:
-        return len(self.hosts) > 1
+        return len(self.job_hosts or self.hosts) > 1
 
 
 class VerdictRule(enum.Enum):

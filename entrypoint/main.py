@@ -27,6 +27,7 @@ from entrypoint.contract import (
     UserScript,
     read_contract,
 )
+from entrypoint.groups import describe_roles
 from entrypoint.job import format_command
 from entrypoint.plan import JobPlan, make_plan, require_channel
 from smcommon.failure import Failure, Reason, record_failure
@@ -171,6 +172,8 @@ def run(env: Mapping[str, str], paths: ContractPaths) -> int:
         cpu_count=os.cpu_count() or 1,
         env=env,
     )
+    if contract.is_hetero:
+        log.info("instance groups: %s", describe_roles(contract, plan.roles))
     job_key = prepare(contract, plan, env)
     stop = threading.Event()
     supervise.install_stop_handlers(stop)

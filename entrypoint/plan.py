@@ -14,10 +14,17 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import ClassVar, assert_never
 
-from sagemaker_training import mapping
+from sagemaker_training import mapping, params
 
-from entrypoint import tf_config
-from entrypoint.contract import Backend, BuiltinProgram, Contract, ContractError, UserScript
+from entrypoint import groups, tf_config
+from entrypoint.contract import (
+    Backend,
+    BuiltinProgram,
+    Contract,
+    ContractError,
+    UserScript,
+    instance_group_environment,
+)
 from entrypoint.job import JobShape, VerdictRule
 from entrypoint.mpi.plan import MpiLaunch, RemoteShell, mpi_launch
 from entrypoint.ranks import RANK_SHIM, RANK_SOCKET_ENV, RANK_SOCKET_PATH
@@ -99,6 +106,11 @@ class JobPlan(JobShape):
     environment: Mapping[str, str]
     command: tuple[str, ...]
     launch: Launch
+    # Every host's role (groups.host_roles): which run the distributed program, which their own.
+    roles: tuple[groups.HostRole, ...] = ()
+
+    def role(self, host: str) -> groups.HostRole | None:
+        return next((role for role in self.roles if role.host == host), None)
 
 
 def ranks_per_host(requested: int | None, gpu_count: int) -> int:
@@ -220,7 +232,9 @@ def make_plan(
             assert_never(unknown)
     argv, working_dir = program_argv(contract, python=python)
     shape = JobShape(
-        hosts=contract.hosts,
+        # A heterogeneous cluster's backend runs over the distribution group only.
+        hosts=contract.distribution_hosts,
+        job_hosts=contract.hosts,
         master_host=contract.master_host,
         current_host=contract.current_host,
         ranks_per_host=ranks,
@@ -237,12 +251,21 @@ def make_plan(
     base = {**(env or {}), **contract.toolkit_environment}
     sm_env = sagemaker_environment(contract, gpu_count=gpu_count, cpu_count=cpu_count)
     environment = rank_environment(base, sm_env, shape)
-    launch = build(shape, environment)
+    roles = groups.host_roles(contract, distribution_gpu_count=gpu_count)
+    role = next(role for role in roles if role.host == contract.current_host)
+    launch: Launch
+    if role.kind is groups.RoleKind.PROGRAM:
+        # Outside the distribution group: the program once, told the distribution master.
+        environment = {**environment, **groups.program_host_environment(role)}
+        launch = program_launch(shape, environment)
+    else:
+        launch = build(shape, environment)
     return JobPlan(
         **{field.name: getattr(shape, field.name) for field in dataclasses.fields(JobShape)},
         environment=environment,
         command=launch.command,
         launch=launch,
+        roles=roles,
     )
 
 
@@ -293,7 +316,69 @@ def sagemaker_environment(contract: Contract, *, gpu_count: int, cpu_count: int)
         fields[f"channel_{channel}"] = str(paths.data_dir / channel)
     for name, value in hyperparameters.items():
         fields[f"hp_{name}"] = value
-    return mapping.to_env_vars(fields)
+    fields["training_env"] = training_env(contract, hyperparameters, fields)
+    return {
+        **mapping.to_env_vars(fields),
+        **instance_group_environment(
+            contract.instance_groups, contract.current_group, contract.distribution_group
+        ),
+    }
+
+
+def training_env(
+    contract: Contract, hyperparameters: Mapping[str, object], fields: Mapping[str, object]
+) -> dict[str, object]:
+    """SM_TRAINING_ENV: every property of the toolkit's Environment (environment.py, dict(env)),
+    with this job's master and distribution hosts (the toolkit's master_hostname: the first
+    distribution host)."""
+    by_name = {group.name: group for group in contract.instance_groups}
+    current = by_name[contract.current_group]
+    distribution = [] if contract.distribution_group is None else [contract.distribution_group]
+    return {
+        "additional_framework_parameters": {
+            name: value
+            for name, value in contract.all_hyperparameters.items()
+            if name.startswith(params.SAGEMAKER_PREFIX)
+            and name not in params.SAGEMAKER_HYPERPARAMETERS
+        },
+        "channel_input_dirs": {
+            channel: str(contract.paths.data_dir / channel) for channel in contract.channels
+        },
+        "current_host": contract.current_host,
+        "current_instance_group": current.name,
+        "current_instance_group_hosts": list(current.hosts),
+        "current_instance_type": contract.current_instance_type,
+        "distribution_hosts": list(contract.distribution_hosts),
+        "distribution_instance_groups": distribution,
+        "framework_module": None,
+        "hosts": list(contract.hosts),
+        "hyperparameters": dict(hyperparameters),
+        "input_config_dir": fields["input_config_dir"],
+        "input_data_config": dict(contract.input_data_config),
+        "input_dir": fields["input_dir"],
+        "instance_groups": list(by_name),
+        "instance_groups_dict": {name: group.as_toolkit_dict() for name, group in by_name.items()},
+        "is_hetero": contract.is_hetero,
+        "is_master": contract.current_host == contract.master_host,
+        "is_modelparallel_enabled": None,
+        "is_smddpmprun_installed": False,
+        "is_smddprun_installed": False,
+        "job_name": contract.job_name,
+        "log_level": contract.settings.log_level,
+        "master_hostname": contract.master_host,
+        "model_dir": fields["model_dir"],
+        "module_dir": fields["module_dir"],
+        "module_name": fields["module_name"],
+        "network_interface_name": contract.network_interface_name,
+        "num_cpus": fields["num_cpus"],
+        "num_gpus": fields["num_gpus"],
+        "num_neurons": 0,
+        "output_data_dir": fields["output_data_dir"],
+        "output_dir": fields["output_dir"],
+        "output_intermediate_dir": fields["output_intermediate_dir"],
+        "resource_config": dict(contract.resource_config),
+        "user_entry_point": fields["user_entry_point"],
+    }
 
 
 def rank_environment(

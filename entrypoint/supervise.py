@@ -30,6 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
+from entrypoint import groups
 from entrypoint.coordination import MasterChannel, WorkerChannel
 from entrypoint.job import VerdictRule, format_command
 from entrypoint.localpart import KILL_WAIT_S, Supervised
@@ -269,8 +270,12 @@ def _settle_lost(channel: MasterEnd | None, clock: Clock) -> dict[str, str]:
     return {}
 
 
-def _host_lost(lost: dict[str, str]) -> JobError:
+def _host_lost(lost: dict[str, str], plan: JobPlan | None = None) -> JobError:
     host, why = next(iter(lost.items()))
+    role = plan.role(host) if plan is not None else None
+    if role is not None and role.kind is groups.RoleKind.PROGRAM:
+        # A heterogeneous cluster's program host: the line names its group.
+        return JobError(groups.lost_program_host(role, why))
     return JobError.of(Reason.HOST_LOST, f"host {host} lost during training: {why}")
 
 
@@ -322,26 +327,42 @@ def _supervise_master(
     )
     rule = part.verdict
     chief = plan.master_host if rule is VerdictRule.CHIEF else None
+    program_hosts = frozenset(plan.program_hosts)
     while True:
         told = channel is not None and channel.stop_requested() is not None
         expired = grace.check(told=told)
         code = part.poll()
         lost = channel.lost() if channel else {}
         if lost:
-            raise _host_lost(lost)
+            raise _host_lost(lost, plan)
+        exits = channel.exits() if channel else {}
+        distributed: Verdict | None = None
         if rule is VerdictRule.MASTER_PART:
             if code is not None:
                 error = _mpirun_outcome(code, part, channel, stop, clock)
                 if error is not None:
                     raise error
-                return Verdict(0)
+                distributed = Verdict(0)
         else:
-            exits = channel.exits() if channel else {}
+            backend_exits = {h: e for h, e in exits.items() if h not in program_hosts}
             if code is not None:
-                exits[plan.current_host] = Exited(code, part.failure(code))
-            verdict = host_verdict(plan.hosts, exits, chief=chief, stopping=stop.is_set())
-            if verdict is not None:
-                return verdict
+                backend_exits[plan.current_host] = Exited(code, part.failure(code))
+            distributed = host_verdict(
+                plan.hosts, backend_exits, chief=chief, stopping=stop.is_set()
+            )
+        # A heterogeneous cluster's program hosts can fail the job, never decide it.
+        verdict = (
+            groups.job_verdict(
+                plan.roles,
+                distributed,
+                {h: e for h, e in exits.items() if h in program_hosts},
+                stopping=stop.is_set(),
+            )
+            if program_hosts
+            else distributed
+        )
+        if verdict is not None:
+            return verdict
         if expired:
             log.warning("still running after the grace period: ending the job")
             raise _stopped()
@@ -363,7 +384,7 @@ def run_master(
         try:
             if channel is not None:
                 wait_for_workers(
-                    plan.worker_hosts,
+                    plan.channel_workers,
                     channel,
                     config.host_wait_timeout_s,
                     stop,
@@ -422,6 +443,8 @@ def _supervise_worker(
         expired = grace.check(told=channel.stop_requested, extra_s=2 * KILL_WAIT_S)
         verdict = channel.verdict
         if verdict is not None:
+            if started and plan.current_host in plan.program_hosts:
+                _stop_program(part, config, stop)
             part.end()
             log.info("master %s reports exit code %d", plan.master_host, verdict.exit_code)
             if verdict.exit_code != 0 and verdict.failure is not None:
@@ -444,6 +467,26 @@ def _supervise_worker(
             part.end()
             raise _stopped()
         clock.wait(stop, POLL_INTERVAL_S)
+
+
+def _stop_program(part: LocalPart, config: ShellConfig, stop: threading.Event) -> None:
+    """The job's outcome is known: a program host's program (a data server that never ends on
+    its own) gets SIGTERM and its grace (sigterm_grace_seconds) before the part is ended."""
+    if part.poll() is not None:
+        return
+    log.info(
+        "the distributed program ended: stopping this host's program (SIGTERM, %.0f s grace)",
+        config.sigterm_grace_s,
+    )
+    part.stop(config.sigterm_grace_s)
+    deadline = config.clock.now() + config.sigterm_grace_s
+    while part.poll() is None and config.clock.now() < deadline:
+        config.clock.wait(stop, POLL_INTERVAL_S)
+    code = part.poll()
+    if code is None:
+        log.warning("this host's program outlived its grace period: ending it")
+    else:
+        log.info("this host's program ended with code %d", code)
 
 
 def run_worker(
@@ -487,7 +530,7 @@ def run_host(
             channel = (
                 MasterChannel(
                     job_key=job_key,
-                    workers=plan.worker_hosts,
+                    workers=plan.channel_workers,
                     catalog=part.catalog,
                     handlers=part.handlers(),
                 )

@@ -57,6 +57,11 @@ class Cluster:
     # host -> {host file: path in the container}, bind-mounted read-only over the image's file:
     # fault tests replace a program of the image from outside (no test switch in the product)
     host_files: Mapping[str, Mapping[Path, str]] = dataclasses.field(default_factory=dict)
+    # A heterogeneous cluster: group name -> (instance type, hosts in the file's order), as
+    # resourceconfig.json lists them (harness.mltree); empty: one group, as before.
+    instance_groups: Mapping[str, tuple[str, Sequence[str]]] = dataclasses.field(
+        default_factory=dict
+    )
 
     @property
     def network(self) -> str:
@@ -77,6 +82,7 @@ class Cluster:
                 current_host=host,
                 hyperparameters=self.hyperparameters,
                 channels={**self.channels, **self.host_channels.get(host, {})},
+                instance_groups=self.instance_groups or None,
             )
 
     def start(self, hosts: Iterable[str] | None = None) -> None:

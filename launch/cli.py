@@ -69,8 +69,21 @@ def _train_parser(t: argparse.ArgumentParser) -> None:
     job.add_argument("--base-job-name", default="sm-horovod")
     job.add_argument("--stack", help="CloudFormation stack: role, VPC, file systems, bucket")
     job.add_argument("--role-arn")
-    job.add_argument("--instance-type", default="ml.c5.xlarge")
-    job.add_argument("--instance-count", type=int, default=1)
+    job.add_argument("--instance-type", help="default ml.c5.xlarge")
+    job.add_argument("--instance-count", type=int, help="default 1")
+    job.add_argument(
+        "--instance-group",
+        action="append",
+        default=[],
+        metavar="NAME=TYPE:COUNT",
+        help="a heterogeneous cluster, one group per flag (instead of --instance-type/-count)",
+    )
+    job.add_argument(
+        "--distribution-group",
+        metavar="NAME",
+        help="the instance group that runs the distributed program (the others run the "
+        "program once per host and are stopped when it ends)",
+    )
     job.add_argument("--volume-size", type=int, default=50, help="GB per instance")
     job.add_argument("--input-mode", default="File", help="File, Pipe or FastFile")
     job.add_argument(
@@ -175,14 +188,18 @@ def config_from_args(
         source = rq.SourceBundle(program=program, s3_uri=train_mod.source_s3_uri(prefix, job_name))
     subnets = _split(args.subnet) or stack.subnets
     groups = _split(args.security_group) or stack.security_group_ids
+    if args.instance_group and (args.instance_type is not None or args.instance_count is not None):
+        raise LaunchError("--instance-group replaces --instance-type and --instance-count")
     return rq.TrainConfig(
         job_name=job_name,
         image_uri=image_uri,
         role_arn=role,
         output_s3_uri=output,
         ssh_seed=ssh_seed,
-        instance_type=args.instance_type,
-        instance_count=args.instance_count,
+        instance_type=args.instance_type or "ml.c5.xlarge",
+        instance_count=1 if args.instance_count is None else args.instance_count,
+        instance_groups=tuple(rq.parse_instance_group(g) for g in args.instance_group),
+        distribution_group=args.distribution_group,
         volume_size_gb=args.volume_size,
         input_mode=args.input_mode,
         channels=tuple(rq.parse_channel(c) for c in args.channel),

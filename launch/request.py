@@ -10,6 +10,7 @@ against botocore's service model, which botocore's own validator leaves to the s
 from __future__ import annotations
 
 import copy
+import json
 import posixpath
 import re
 from collections.abc import Iterator, Mapping
@@ -18,11 +19,14 @@ from typing import Any
 from urllib.parse import SplitResult, parse_qsl, urlsplit
 
 from entrypoint.contract import (
+    DISTRIBUTION_GROUPS_PARAM,
     ENTRYPOINT_HYPERPARAMETERS,
     PROGRAM_PARAM,
     SUBMIT_DIR_PARAM,
+    Backend,
     ContractError,
     check_backend_fits,
+    choose_distribution_group,
     decode_hyperparameter,
     parse_entrypoint_settings,
     program_hyperparameters,
@@ -56,6 +60,9 @@ MAX_CHANNELS = 20
 MAX_RETRY_ATTEMPTS = 30
 MAX_HYPERPARAMETERS = 100
 MAX_METRIC_DEFINITIONS = 40
+# ResourceConfig.InstanceGroups (botocore's model: at most 5, names 1-64 characters).
+MAX_INSTANCE_GROUPS = 5
+INSTANCE_GROUP_NAME_MAX = 64
 
 # Hyperparameters the entry point reads itself.
 RESERVED_HYPERPARAMETERS: tuple[str, ...] = (*ENTRYPOINT_HYPERPARAMETERS, PROGRAM_HP, SUBMIT_DIR_HP)
@@ -82,6 +89,15 @@ class Channel:
     name: str
     source: S3Source | FileSystemSource
     input_mode: str | None = None
+
+
+@dataclass(frozen=True)
+class InstanceGroupSpec:
+    """One instance group of a heterogeneous cluster (the SDK's InstanceGroup)."""
+
+    name: str
+    instance_type: str
+    instance_count: int
 
 
 @dataclass(frozen=True)
@@ -122,6 +138,10 @@ class TrainConfig:
     fsx_mount_name: str | None = None
     source: SourceBundle | None = None
     metrics_time_series: bool = True
+    # A heterogeneous cluster: these groups instead of instance_type x instance_count, and the
+    # one group that runs the distributed program (sent as sagemaker_distribution_instance_groups).
+    instance_groups: tuple[InstanceGroupSpec, ...] = ()
+    distribution_group: str | None = None
 
 
 # --- parsing (pure) ------------------------------------------------------------------------
@@ -133,6 +153,21 @@ def parse_pair(text: str, *, what: str) -> tuple[str, str]:
     if not sep or not key:
         raise LaunchError(f"{what} must be KEY=VALUE, got {text!r}")
     return key, value
+
+
+def parse_instance_group(text: str) -> InstanceGroupSpec:
+    """`NAME=TYPE:COUNT` (`dnn_group=ml.p4d.24xlarge:2`) -> InstanceGroupSpec."""
+    name, sep, rest = text.partition("=")
+    instance_type, colon, count = rest.rpartition(":")
+    if not sep or not name or not colon or not instance_type:
+        raise LaunchError(f"--instance-group must be NAME=TYPE:COUNT, got {text!r}")
+    try:
+        number = int(count)
+    except ValueError:
+        raise LaunchError(
+            f"--instance-group {text!r}: count {count!r} is not a whole number"
+        ) from None
+    return InstanceGroupSpec(name=name, instance_type=instance_type, instance_count=number)
 
 
 def _options(query: str, *, allowed: tuple[str, ...], uri: str) -> dict[str, str]:
@@ -202,11 +237,22 @@ def _check_hyperparameters(config: TrainConfig) -> None:
         raise LaunchError(f"hyperparameter {dup} is given twice")
     # The entry point's and the built-in model's own parsers: the job fails here, not after
     # SageMaker has started (and billed) its instances.
-    decoded = {name: decode_hyperparameter(value) for name, value in hps.items()}
+    if config.distribution_group is not None and DISTRIBUTION_GROUPS_PARAM in hps:
+        raise LaunchError(
+            f"hyperparameter {DISTRIBUTION_GROUPS_PARAM} is set by --distribution-group; "
+            "do not pass it too"
+        )
+    decoded = {
+        name: decode_hyperparameter(value) for name, value in _hyperparameters(config).items()
+    }
     builtin_program = config.source is None and PROGRAM_HP not in hps
     try:
         settings = parse_entrypoint_settings(decoded)
-        check_backend_fits(settings.backend, config.instance_count, builtin_program=builtin_program)
+        check_backend_fits(
+            settings.backend,
+            _distribution_count(config, decoded, settings.backend),
+            builtin_program=builtin_program,
+        )
         if builtin_program:
             parse_hyperparameters(program_hyperparameters(decoded))
     except (ContractError, ValueError) as error:
@@ -219,6 +265,53 @@ def _check_hyperparameters(config: TrainConfig) -> None:
         raise LaunchError(f"hyperparameters {PROGRAM_HP} and {SUBMIT_DIR_HP} go together")
     if len(hps) + (2 if config.source else 0) > MAX_HYPERPARAMETERS:
         raise LaunchError(f"at most {MAX_HYPERPARAMETERS} hyperparameters are allowed")
+
+
+def _distribution_count(config: TrainConfig, decoded: Mapping[str, Any], backend: Backend) -> int:
+    """The instances that run the distributed program: the distribution group's (the entry
+    point's own rule picks it, and fails as the job would), else every instance."""
+    if not config.instance_groups:
+        if DISTRIBUTION_GROUPS_PARAM in decoded:
+            raise LaunchError(
+                f"hyperparameter {DISTRIBUTION_GROUPS_PARAM} names an instance group: "
+                "pass the groups (--instance-group)"
+            )
+        return config.instance_count
+    counts = {group.name: group.instance_count for group in config.instance_groups}
+    chosen = choose_distribution_group(list(counts), decoded, backend)
+    return sum(counts.values()) if chosen is None else counts[chosen]
+
+
+def _check_instance_groups(config: TrainConfig, instance_types: frozenset[str] | None) -> None:
+    groups = config.instance_groups
+    if not groups:
+        if config.distribution_group is not None:
+            raise LaunchError("--distribution-group needs the groups (--instance-group)")
+        return
+    if len(groups) > MAX_INSTANCE_GROUPS:
+        raise LaunchError(f"at most {MAX_INSTANCE_GROUPS} instance groups are allowed")
+    names = [group.name for group in groups]
+    for group in groups:
+        if not 1 <= len(group.name) <= INSTANCE_GROUP_NAME_MAX:
+            raise LaunchError(
+                f"instance group name {group.name!r} must be 1-{INSTANCE_GROUP_NAME_MAX} characters"
+            )
+        if names.count(group.name) > 1:
+            raise LaunchError(f"instance group {group.name!r} is given twice")
+        if instance_types is not None and group.instance_type not in instance_types:
+            raise LaunchError(
+                f"instance group {group.name!r}: {group.instance_type!r} is not a training "
+                "instance type"
+            )
+        if group.instance_count < 1:
+            raise LaunchError(
+                f"instance group {group.name!r}: count must be >= 1, got {group.instance_count}"
+            )
+    if config.distribution_group is not None and config.distribution_group not in names:
+        raise LaunchError(
+            f"--distribution-group {config.distribution_group!r} is not one of the instance "
+            f"groups ({', '.join(names)})"
+        )
 
 
 def _check_s3_uri(uri: str, *, what: str) -> None:
@@ -406,6 +499,7 @@ def _check_environment(config: TrainConfig) -> None:
 def validate(config: TrainConfig, *, instance_types: frozenset[str] | None = None) -> None:
     """Raise LaunchError for the first thing the service would reject (or silently misuse)."""
     _check_job(config, instance_types)
+    _check_instance_groups(config, instance_types)
     _check_vpc(config)
     _check_channels(config)
     _check_stopping(config)
@@ -432,12 +526,17 @@ def warnings(config: TrainConfig) -> list[str]:
             "install or reach the internet; SageMaker itself still moves channels, checkpoints, "
             "the model and the logs"
         )
-    family = config.instance_type.removeprefix("ml.").split(".", 1)[0]
+    # Where groups differ, the one that trains is the one the image must fit.
+    instance_type = next(
+        (g.instance_type for g in config.instance_groups if g.name == config.distribution_group),
+        config.instance_type,
+    )
+    family = instance_type.removeprefix("ml.").split(".", 1)[0]
     tag = config.image_uri.rsplit(":", 1)[-1] if ":" in config.image_uri.rsplit("/", 1)[-1] else ""
     if family[:1] in ("p", "g") and tag.startswith("cpu"):
-        notes.append(f"GPU instance {config.instance_type} with the CPU image {config.image_uri}")
+        notes.append(f"GPU instance {instance_type} with the CPU image {config.image_uri}")
     if family[:1] not in ("p", "g") and tag.startswith("gpu"):
-        notes.append(f"CPU instance {config.instance_type} with the GPU image {config.image_uri}")
+        notes.append(f"CPU instance {instance_type} with the GPU image {config.image_uri}")
     if config.spot and config.max_retry_attempts is None:
         notes.append("managed spot without --max-retries: an interruption is retried by spot only")
     return notes
@@ -478,12 +577,37 @@ def _channel(config: TrainConfig, channel: Channel) -> dict[str, Any]:
 
 def _hyperparameters(config: TrainConfig) -> dict[str, str]:
     hps = dict(config.hyperparameters)
+    if config.distribution_group is not None:
+        # As the SDK sends distribution={..., "instance_groups": [group]}: a JSON list.
+        hps[DISTRIBUTION_GROUPS_PARAM] = json.dumps([config.distribution_group])
     if config.source is not None:
         hps[PROGRAM_HP] = config.source.program
         hps[SUBMIT_DIR_HP] = (
             CODE_CHANNEL_SOURCEDIR if config.network_isolation else config.source.s3_uri
         )
     return {str(k): str(v) for k, v in hps.items()}
+
+
+def _resource_config(config: TrainConfig) -> dict[str, Any]:
+    """One instance type x count, or the instance groups alone: the API refuses InstanceType or
+    InstanceCount next to InstanceGroups (aws/sagemaker-python-sdk#5555)."""
+    if not config.instance_groups:
+        return {
+            "InstanceType": config.instance_type,
+            "InstanceCount": config.instance_count,
+            "VolumeSizeInGB": config.volume_size_gb,
+        }
+    return {
+        "InstanceGroups": [
+            {
+                "InstanceGroupName": group.name,
+                "InstanceType": group.instance_type,
+                "InstanceCount": group.instance_count,
+            }
+            for group in config.instance_groups
+        ],
+        "VolumeSizeInGB": config.volume_size_gb,
+    }
 
 
 def build_request(
@@ -510,11 +634,7 @@ def build_request(
         "AlgorithmSpecification": algorithm,
         "RoleArn": config.role_arn,
         "OutputDataConfig": {"S3OutputPath": config.output_s3_uri},
-        "ResourceConfig": {
-            "InstanceType": config.instance_type,
-            "InstanceCount": config.instance_count,
-            "VolumeSizeInGB": config.volume_size_gb,
-        },
+        "ResourceConfig": _resource_config(config),
         "StoppingCondition": stopping,
         "HyperParameters": _hyperparameters(config),
         "Environment": {**dict(config.environment), JOB_SECRET_ENV: config.ssh_seed},

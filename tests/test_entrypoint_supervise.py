@@ -521,3 +521,114 @@ def test_a_workers_own_sigterm_is_told_to_the_master(config, clock):
     assert run_worker(config, plan_for(SCRIPT, current="algo-2"), part, channel, stop) == 143
     assert part.sigterms == [GRACE_S]
     assert channel.stops_sent == 1
+
+
+# --------------------------------------------------------------------------------------------
+# Heterogeneous clusters: the data group's program hosts can fail the job, never decide it
+
+HETERO_RESOURCE = {
+    "hosts": list(HOSTS),
+    "instance_groups": [
+        {"instance_group_name": "data_group", "instance_type": "ml.c5.xlarge", "hosts": ["algo-2"]},
+        {
+            "instance_group_name": "dnn_group",
+            "instance_type": "ml.g5.xlarge",
+            "hosts": ["algo-3", "algo-1"],
+        },
+    ],
+}
+HETERO = {**SCRIPT, "sagemaker_distribution_instance_groups": '["dnn_group"]'}
+
+
+def hetero_plan(hyperparameters: dict[str, str], current: str = "algo-3") -> JobPlan:
+    contract = parse_contract(
+        resource_config_text=json.dumps({**HETERO_RESOURCE, "current_host": current}),
+        hyperparameters_text=json.dumps(hyperparameters),
+        input_data_config_text=None,
+        env={"SM_IMAGE_FLAVOR": "torch-cpu"},
+    )
+    return make_plan(contract, gpu_count=0)
+
+
+def test_the_master_waits_for_the_program_hosts_too(config, clock):
+    channel = FakeMasterChannel(connected_hosts=frozenset({"algo-1"}))
+    code = supervise.run_master(
+        hetero_plan(HETERO), mpirun_part(), channel, config, threading.Event()
+    )
+    assert code == 1
+    assert failure_file(config) == (
+        "WorkerUnreachable: hosts algo-2 did not connect within 60 s (on algo-3)\n"
+    )
+
+
+def test_mpirun_succeeding_is_the_jobs_success_whatever_the_data_host_did(config):
+    channel = FakeMasterChannel(
+        connected_hosts=frozenset({"algo-1", "algo-2"}), reported={"algo-2": Exited(0)}
+    )
+    part = mpirun_part(code=0)
+    code = supervise.run_master(hetero_plan(HETERO), part, channel, config, threading.Event())
+    assert code == 0
+    assert channel.started
+    assert channel.verdicts == [(Verdict(0), supervise.VERDICT_ACK_TIMEOUT_S)]
+
+
+def test_a_failing_data_host_fails_the_job_naming_its_group(config):
+    channel = FakeMasterChannel(
+        connected_hosts=frozenset({"algo-1", "algo-2"}), reported={"algo-2": Exited(2)}
+    )
+    code = supervise.run_master(
+        hetero_plan(HETERO), mpirun_part(), channel, config, threading.Event()
+    )
+    assert code == 2
+    assert failure_file(config) == (
+        "TrainingFailed: the per-host program of group data_group exited with code 2 (on algo-2)\n"
+    )
+
+
+def test_a_lost_data_host_fails_the_job_naming_its_group(config, clock):
+    channel = FakeMasterChannel(connected_hosts=frozenset({"algo-1", "algo-2"}))
+    clock.at(5.0, lambda: channel.lost_hosts.update({"algo-2": "its connection closed"}))
+    code = supervise.run_master(
+        hetero_plan(HETERO), mpirun_part(), channel, config, threading.Event()
+    )
+    assert code == 1
+    assert failure_file(config) == (
+        "HostLost: host algo-2 (group data_group) lost during training: its connection closed "
+        "(on algo-2)\n"
+    )
+
+
+def test_torchrun_hosts_decide_and_the_data_host_is_not_waited_for(config):
+    torch = {**HETERO, "sagemaker_torch_distributed_enabled": "true"}
+    channel = FakeMasterChannel(
+        connected_hosts=frozenset({"algo-1", "algo-2"}), reported={"algo-1": Exited(0)}
+    )
+    part = FakePart(code=0, host="algo-3")
+    assert supervise.run_master(hetero_plan(torch), part, channel, config, threading.Event()) == 0
+
+
+def test_a_data_host_gets_sigterm_and_its_grace_when_training_ends(config, clock):
+    part = FakePart(host="algo-2")
+    channel = FakeWorkerChannel()
+    clock.at(1.0, lambda: setattr(channel, "started", True))
+    clock.at(5.0, lambda: setattr(channel, "verdict", Verdict(0)))
+    # The data server exits 0 two seconds after its SIGTERM.
+    clock.at(7.0, lambda: setattr(part, "code", 0))
+    code = run_worker(config, hetero_plan(HETERO, current="algo-2"), part, channel)
+    assert code == 0
+    assert part.started and part.ended
+    assert part.sigterms == [GRACE_S]
+    assert clock.time == pytest.approx(7.0, abs=0.2)
+    assert channel.sent == []
+
+
+def test_a_data_host_ignoring_sigterm_is_ended_after_its_grace(config, clock):
+    part = FakePart(host="algo-2")
+    channel = FakeWorkerChannel(started=True)
+    failed = Failure(Reason.TRAINING_FAILED, "rank 1: boom", "algo-1")
+    clock.at(1.0, lambda: setattr(channel, "verdict", Verdict(1, failed)))
+    code = run_worker(config, hetero_plan(HETERO, current="algo-2"), part, channel)
+    assert code == 1
+    assert part.sigterms == [GRACE_S] and part.ended
+    assert clock.time == pytest.approx(1.0 + GRACE_S, abs=0.2)
+    assert failure_file(config) == "TrainingFailed: rank 1: boom (on algo-1)\n"

@@ -182,8 +182,22 @@ SCRIPT_NO_ISOLATION = dataclasses.replace(
 )
 
 # Every kind of config the launcher builds, for the service-model tests.
+# A heterogeneous cluster: CPU hosts serve data to the GPU group that trains (issue 29).
+HETERO = dataclasses.replace(
+    BASE,
+    image_uri=IMAGE.replace(":cpu-", ":gpu-"),
+    instance_groups=(
+        rq.parse_instance_group("data_group=ml.c5.18xlarge:2"),
+        rq.parse_instance_group("dnn_group=ml.p4d.24xlarge:2"),
+    ),
+    distribution_group="dnn_group",
+    hyperparameters=(("sagemaker_mpi_enabled", "true"),),
+    source=rq.SourceBundle("launcher.py", "s3://b/code/hvd-1/source/sourcedir.tar.gz"),
+)
+
 CONFIGS = {
     "base": BASE,
+    "hetero": HETERO,
     "full": FULL,
     "script": SCRIPT_NO_ISOLATION,
     "spot-default-wait": dataclasses.replace(
@@ -222,6 +236,163 @@ def test_script_mode_without_isolation_downloads_from_s3_and_uses_stack_efs() ->
             },
         }
     ]
+
+
+def test_instance_groups_replace_type_and_count() -> None:
+    request = rq.build_request(HETERO, instance_types=training_instance_types())
+    assert request["ResourceConfig"] == {
+        "InstanceGroups": [
+            {
+                "InstanceGroupName": "data_group",
+                "InstanceType": "ml.c5.18xlarge",
+                "InstanceCount": 2,
+            },
+            {
+                "InstanceGroupName": "dnn_group",
+                "InstanceType": "ml.p4d.24xlarge",
+                "InstanceCount": 2,
+            },
+        ],
+        "VolumeSizeInGB": 50,
+    }
+    # As the SDK encodes distribution={"mpi": ..., "instance_groups": [dnn_group]}.
+    assert request["HyperParameters"] == {
+        "sagemaker_mpi_enabled": "true",
+        "sagemaker_distribution_instance_groups": '["dnn_group"]',
+        "sagemaker_program": "launcher.py",
+        "sagemaker_submit_directory": "s3://b/code/hvd-1/source/sourcedir.tar.gz",
+    }
+    # The GPU image fits the group that trains: no warning for the CPU data group.
+    assert rq.warnings(HETERO) == []
+
+
+def test_a_per_host_job_over_groups_needs_no_distribution_group() -> None:
+    config = dataclasses.replace(
+        HETERO, distribution_group=None, hyperparameters=(("sagemaker_mpi_enabled", "false"),)
+    )
+    request = rq.build_request(config, instance_types=training_instance_types())
+    assert "sagemaker_distribution_instance_groups" not in request["HyperParameters"]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("dnn=ml.p4d.24xlarge:2", rq.InstanceGroupSpec("dnn", "ml.p4d.24xlarge", 2)),
+        ("a=b=ml.c5.xlarge:1", rq.InstanceGroupSpec("a", "b=ml.c5.xlarge", 1)),
+    ],
+)
+def test_parse_instance_group(text: str, expected: rq.InstanceGroupSpec) -> None:
+    assert rq.parse_instance_group(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("dnn", "--instance-group must be NAME=TYPE:COUNT, got 'dnn'"),
+        (
+            "dnn=ml.p4d.24xlarge",
+            "--instance-group must be NAME=TYPE:COUNT, got 'dnn=ml.p4d.24xlarge'",
+        ),
+        ("=ml.c5.xlarge:1", "--instance-group must be NAME=TYPE:COUNT, got '=ml.c5.xlarge:1'"),
+        ("dnn=:2", "--instance-group must be NAME=TYPE:COUNT, got 'dnn=:2'"),
+        (
+            "dnn=ml.c5.xlarge:two",
+            "--instance-group 'dnn=ml.c5.xlarge:two': count 'two' is not a whole number",
+        ),
+    ],
+)
+def test_parse_instance_group_errors(text: str, message: str) -> None:
+    with pytest.raises(LaunchError) as info:
+        rq.parse_instance_group(text)
+    assert str(info.value) == message
+
+
+def _groups(*texts: str) -> tuple[rq.InstanceGroupSpec, ...]:
+    return tuple(rq.parse_instance_group(text) for text in texts)
+
+
+# (changes to HETERO, the exact one-line message)
+INVALID_GROUPS: dict[str, tuple[dict[str, Any], str]] = {
+    "unknown-distribution-group": (
+        {"distribution_group": "gpu"},
+        "--distribution-group 'gpu' is not one of the instance groups (data_group, dnn_group)",
+    ),
+    "distribution-group-without-groups": (
+        {"instance_groups": ()},
+        "--distribution-group needs the groups (--instance-group)",
+    ),
+    "hyperparameter-without-groups": (
+        {
+            "instance_groups": (),
+            "distribution_group": None,
+            "hyperparameters": (("sagemaker_distribution_instance_groups", '["dnn"]'),),
+        },
+        "hyperparameter sagemaker_distribution_instance_groups names an instance group: pass "
+        "the groups (--instance-group)",
+    ),
+    "both-flag-and-hyperparameter": (
+        {"hyperparameters": (("sagemaker_distribution_instance_groups", '["dnn_group"]'),)},
+        "hyperparameter sagemaker_distribution_instance_groups is set by --distribution-group; "
+        "do not pass it too",
+    ),
+    "two-distribution-groups": (
+        {
+            "distribution_group": None,
+            "hyperparameters": (
+                ("sagemaker_distribution_instance_groups", '["dnn_group","data_group"]'),
+            ),
+        },
+        'hyperparameter sagemaker_distribution_instance_groups=["dnn_group","data_group"] names '
+        "2 groups: exactly one instance group can be distributed",
+    ),
+    "several-groups-no-choice": (
+        {"distribution_group": None},
+        "2 instance groups (data_group, dnn_group) and no hyperparameter "
+        "sagemaker_distribution_instance_groups: name the one group that runs the mpi program "
+        "(the SDK's distribution={..., 'instance_groups': [group]}, or launch's "
+        "--distribution-group)",
+    ),
+    "duplicate-group": (
+        {"instance_groups": _groups("dnn_group=ml.c5.xlarge:1", "dnn_group=ml.c5.xlarge:1")},
+        "instance group 'dnn_group' is given twice",
+    ),
+    "group-type": (
+        {"instance_groups": _groups("data_group=ml.c5.huge:1", "dnn_group=ml.c5.xlarge:1")},
+        "instance group 'data_group': 'ml.c5.huge' is not a training instance type",
+    ),
+    "group-count": (
+        {"instance_groups": _groups("data_group=ml.c5.xlarge:0", "dnn_group=ml.c5.xlarge:1")},
+        "instance group 'data_group': count must be >= 1, got 0",
+    ),
+    "group-name-length": (
+        {
+            "instance_groups": _groups(f"{'g' * 65}=ml.c5.xlarge:1", "dnn_group=ml.c5.xlarge:1"),
+        },
+        f"instance group name {'g' * 65!r} must be 1-64 characters",
+    ),
+    "six-groups": (
+        {"instance_groups": _groups(*(f"g{i}=ml.c5.xlarge:1" for i in range(6)))},
+        "at most 5 instance groups are allowed",
+    ),
+    "parameter-servers-on-a-one-instance-group": (
+        {
+            "instance_groups": _groups("data_group=ml.c5.xlarge:3", "dnn_group=ml.c5.xlarge:1"),
+            "hyperparameters": (("sagemaker_parameter_server_enabled", "true"),),
+        },
+        "sagemaker_parameter_server_enabled=true needs at least 2 hosts (got 1): use "
+        "sagemaker_multi_worker_mirrored_strategy_enabled or no distribution on one host",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(INVALID_GROUPS))
+def test_instance_group_validation_message(case: str) -> None:
+    changes, message = INVALID_GROUPS[case]
+    config = dataclasses.replace(HETERO, **changes)
+    with pytest.raises(LaunchError) as info:
+        rq.build_request(config, instance_types=training_instance_types())
+    assert str(info.value) == message
+    assert "\n" not in str(info.value)
 
 
 def test_spot_defaults_max_wait_to_twice_the_runtime() -> None:

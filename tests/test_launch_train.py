@@ -138,6 +138,58 @@ def test_cli_errors_are_one_line_and_exit_2(
     assert "Traceback" not in err
 
 
+def test_dry_run_with_instance_groups(capsys: pytest.CaptureFixture[str]) -> None:
+    groups = [
+        *("--instance-group", "data_group=ml.c5.xlarge:2"),
+        *("--instance-group", "dnn_group=ml.g5.xlarge:2"),
+        *("--distribution-group", "dnn_group"),
+    ]
+    code, out, err = run_main(["train", "--dry-run", *REQUIRED, *groups], capsys)
+    assert code == 0, err
+    request = json.loads(out)
+    assert request["ResourceConfig"] == {
+        "InstanceGroups": [
+            {"InstanceGroupName": "data_group", "InstanceType": "ml.c5.xlarge", "InstanceCount": 2},
+            {"InstanceGroupName": "dnn_group", "InstanceType": "ml.g5.xlarge", "InstanceCount": 2},
+        ],
+        "VolumeSizeInGB": 50,
+    }
+    assert request["HyperParameters"]["sagemaker_distribution_instance_groups"] == '["dnn_group"]'
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (
+            ["--instance-group", "a=ml.c5.xlarge:1", "--instance-type", "ml.c5.xlarge"],
+            "error: --instance-group replaces --instance-type and --instance-count",
+        ),
+        (
+            ["--instance-group", "a=ml.c5.xlarge:1", "--instance-count", "2"],
+            "error: --instance-group replaces --instance-type and --instance-count",
+        ),
+        (["--instance-group", "a:1"], "error: --instance-group must be NAME=TYPE:COUNT"),
+        (
+            ["--instance-group", "a=ml.c5.xlarge:1", "--distribution-group", "b"],
+            "error: --distribution-group 'b' is not one of the instance groups (a)",
+        ),
+        (
+            ["--instance-group", "a=ml.c5.xlarge:1", "--instance-group", "b=ml.c5.xlarge:1"],
+            "error: 2 instance groups (a, b) and no hyperparameter",
+        ),
+    ],
+)
+def test_instance_group_errors_are_one_line(
+    extra: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = run_main(["train", "--dry-run", *REQUIRED, *extra], capsys)
+    assert code == 2
+    assert out == ""
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1
+    assert lines[0].startswith(message)
+
+
 def test_missing_output_and_role(capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = run_main(["train", "--dry-run", "--image-uri", IMAGE], capsys)
     assert code == 2

@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import re
 import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import psutil
@@ -72,13 +73,38 @@ def mpi_rank_error(line: str, rank_hosts: Sequence[str]) -> tuple[str, str | Non
 # ssh: sshd on every host, and the master's readiness round
 
 
+# This host's own SM_* variables, which mpirun never copies from the master (job.py
+# _NEVER_FORWARD): the ranks started here get this host's values from its orted (or sshd).
+OWN_RANK_VARIABLES = (
+    "SM_CURRENT_INSTANCE_TYPE",
+    "SM_CURRENT_INSTANCE_GROUP",
+    "SM_CURRENT_INSTANCE_GROUP_HOSTS",
+    "SM_TRAINING_ENV",
+)
+# What sshd's SetEnv can carry unquoted (its values are split on spaces).
+_SETENV_TOKEN = re.compile(r"^[A-Za-z0-9_.:\-]+$")
+
+
+def own_rank_variables(env: Mapping[str, str]) -> dict[str, str]:
+    """This host's own variables in `env` (its plan's environment)."""
+    return {name: env[name] for name in OWN_RANK_VARIABLES if name in env}
+
+
+def sshd_setenv(current_host: str, own: Mapping[str, str]) -> str:
+    """sshd's SetEnv: this host's name, and its own variables where they are one token (the
+    JSON ones are not: the ssh launch's ranks read those from the master's copy)."""
+    pairs = [f"SM_CURRENT_HOST={current_host}"]
+    pairs += [f"{name}={value}" for name, value in own.items() if _SETENV_TOKEN.match(value)]
+    return "SetEnv=" + " ".join(pairs)
+
+
 class Sshd:
     """sshd in the foreground as our child, with this host's name for the sessions it starts:
     ranks on a worker see their own SM_CURRENT_HOST (never the master's, toolkit issue #158)."""
 
-    def __init__(self, current_host: str) -> None:
+    def __init__(self, current_host: str, own: Mapping[str, str] | None = None) -> None:
         RUN_DIR.mkdir(parents=True, exist_ok=True)
-        argv = [SSHD, "-D", "-e", "-o", f"SetEnv=SM_CURRENT_HOST={current_host}"]
+        argv = [SSHD, "-D", "-e", "-o", sshd_setenv(current_host, own or {})]
         log.info("starting sshd")
         self._process = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
 
@@ -198,7 +224,7 @@ class MpirunPart(PartBase):
             self._env[AGENT_SOCKET_ENV] = str(self._relay_dir / "agent.sock")
         else:
             # sshd first: a worker that connects to the channel is one that mpirun can reach.
-            self._sshd = Sshd(self._host)
+            self._sshd = Sshd(self._host, own_rank_variables(self._env))
 
     def attach(self, ask: Ask) -> None:
         if self._relay_dir is not None:
@@ -207,8 +233,11 @@ class MpirunPart(PartBase):
     def ready_workers(self, connected: frozenset[str], now: float) -> frozenset[str]:
         if self._channel_shell:
             return connected
-        self._checks.advance(connected, now)
-        return frozenset(self._checks.ready)
+        # mpirun ssh-es to its own hosts only: a heterogeneous cluster's program hosts run no
+        # sshd and are ready once connected.
+        targets = connected & frozenset(self._launch.worker_hosts)
+        self._checks.advance(targets, now)
+        return frozenset(self._checks.ready) | (connected - targets)
 
     def start(self) -> None:
         self._checks.close()
@@ -299,7 +328,8 @@ class OrtedPart(PartBase):
         self._host = host
         self._channel_shell = launch.remote_shell is RemoteShell.CHANNEL
         self.catalog: Catalog = REMOTE_SHELL_CATALOG if self._channel_shell else self.catalog
-        self._spawner = OrtedSpawner(host) if self._channel_shell else None
+        own = {**os.environ, **own_rank_variables(launch.env)}
+        self._spawner = OrtedSpawner(host, env=own) if self._channel_shell else None
         self._ranks: RankRegistry | None = None
         self._sshd: Sshd | None = None
 
@@ -309,7 +339,7 @@ class OrtedPart(PartBase):
     def prepare(self) -> None:
         self._ranks = RankRegistry(self._launch.env[RANK_SOCKET_ENV])
         if not self._channel_shell:
-            self._sshd = Sshd(self._host)
+            self._sshd = Sshd(self._host, own_rank_variables(self._launch.env))
 
     def start(self) -> None:
         pass
