@@ -469,7 +469,7 @@ def _supervise_worker(
         clock.wait(stop, POLL_INTERVAL_S)
 
 
-def _stop_program(part: LocalPart, config: ShellConfig, stop: threading.Event) -> None:
+def _stop_program(part: Supervised, config: ShellConfig, stop: threading.Event) -> None:
     """The job's outcome is known: a program host's program (a data server that never ends on
     its own) gets SIGTERM and its grace (sigterm_grace_seconds) before the part is ended."""
     if part.poll() is not None:
