@@ -497,7 +497,7 @@ class LoadGenerator:
         subprocess.run([self.docker, "rm", "-f", self.name], capture_output=True, check=False)
 
 
-def _start(docker: str, image: str, plan: ServerPlan, model_dir: Path) -> PeerContainer:
+def start_server(docker: str, image: str, plan: ServerPlan, model_dir: Path) -> PeerContainer:
     server = PeerContainer(
         docker,
         image,
@@ -525,7 +525,7 @@ def measure_model(  # noqa: PLR0917  (one model's parameters)
     note = ""
     for name in servers_for(model):
         request = requests_for(name, model, png)
-        server = _start(docker, image, server_plans()[name], model_dir)
+        server = start_server(docker, image, server_plans()[name], model_dir)
         try:
             server.wait_ready(timeout=600)
             status, _, content = post_to(server, request)
