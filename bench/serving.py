@@ -239,7 +239,9 @@ def server_plans() -> dict[str, ServerPlan]:
     peers_env = (("PYTHONPATH", "/opt/bench"),)
     gunicorn = ("gunicorn", "-k", "sync", "-w", str(BASELINE_WORKERS), "-b", "0.0.0.0:8080",
                 "--timeout", "60", "--chdir", "/opt/bench", "flask_baseline:app")  # fmt: skip
-    kserve = ("/opt/peers/bin/python", "/opt/bench/kserve_server.py", "--http_port", "8080")
+    # KServe's defaults, less its log line per request (serve logs none either).
+    kserve = ("/opt/peers/bin/python", "/opt/bench/kserve_server.py", "--http_port", "8080",
+              "--enable_latency_logging", "false")  # fmt: skip
     mlserver = ("/opt/peers/bin/mlserver", "start", "/opt/bench/mlserver")
     granian = ("/opt/peers/bin/granian", "--interface", "asgi", "--host", "0.0.0.0",  # noqa: S104
                "--port", "8080", "--workers", str(FLOOR_WORKERS), "--working-dir", "/opt/bench",
@@ -507,7 +509,8 @@ def start_server(docker: str, image: str, plan: ServerPlan, model_dir: Path) -> 
         extra_mounts=((PROGRAMS, "/opt/bench"),),
         ready_path=plan.ready_path,
     )
-    return server.start()
+    server.start()
+    return server
 
 
 def measure_model(  # noqa: PLR0917  (one model's parameters)
