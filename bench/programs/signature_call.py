@@ -81,8 +81,8 @@ class Signature:
 def png_pixels(image: bytes | str | dict) -> np.ndarray:
     """HxWx3 uint8 from PNG bytes, base64 text, or TF Serving's {"b64": ...}."""
     if isinstance(image, dict):
-        image = image["b64"]
-    data = base64.b64decode(image) if isinstance(image, str) else image
+        image = str(image["b64"])
+    data = base64.b64decode(image) if isinstance(image, str) else bytes(image)
     return np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
 
 
