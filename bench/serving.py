@@ -63,7 +63,7 @@ CA_BUNDLES = ("/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundl
 
 # Server names: OURS and BASELINE are spelled as in earlier results, which still load.
 OURS, BASELINE = "serve (uvicorn + dynamic batching)", "Flask + gunicorn sync workers"
-KSERVE, MLSERVER = "KServe 0.15.2", "MLServer 1.7.0"
+KSERVE, MLSERVER = "KServe 0.15.2", "MLServer 1.6.1"
 FLOOR = "floor: granian 2.8.7, constant body"
 SERVERS = (OURS, BASELINE, KSERVE, MLSERVER, FLOOR)
 MLP, DIGITS, TEXT = "Keras MLP, 8 floats", "digits CNN, one PNG", "string input, one sentence"
@@ -240,10 +240,10 @@ def server_plans() -> dict[str, ServerPlan]:
     gunicorn = ("gunicorn", "-k", "sync", "-w", str(BASELINE_WORKERS), "-b", "0.0.0.0:8080",
                 "--timeout", "60", "--chdir", "/opt/bench", "flask_baseline:app")  # fmt: skip
     # KServe's defaults, less its log line per request (serve logs none either).
-    kserve = ("/opt/peers/bin/python", "/opt/bench/kserve_server.py", "--http_port", "8080",
+    kserve = ("/opt/kserve/bin/python", "/opt/bench/kserve_server.py", "--http_port", "8080",
               "--enable_latency_logging", "false")  # fmt: skip
-    mlserver = ("/opt/peers/bin/mlserver", "start", "/opt/bench/mlserver")
-    granian = ("/opt/peers/bin/granian", "--interface", "asgi", "--host", "0.0.0.0",  # noqa: S104
+    mlserver = ("/opt/mlserver/bin/mlserver", "start", "/opt/bench/mlserver")
+    granian = ("/opt/kserve/bin/granian", "--interface", "asgi", "--host", "0.0.0.0",  # noqa: S104
                "--port", "8080", "--workers", str(FLOOR_WORKERS), "--working-dir", "/opt/bench",
                "floor:app")  # fmt: skip
     return {
@@ -435,19 +435,41 @@ class PeerContainer(ServeContainer):
             connection.close()
 
 
+def _builder(docker: str) -> tuple[str, bool]:
+    """A client that builds with BuildKit (secrets need it), and whether it has buildx: `docker`
+    where it can, else the one `make build` picks (docker/setup-docker.sh --pick-client)."""
+    if (
+        subprocess.run([docker, "buildx", "version"], capture_output=True, check=False).returncode
+        == 0
+    ):
+        return docker, True
+    picked = subprocess.run(
+        [str(REPO / "docker" / "setup-docker.sh"), "--pick-client"],
+        capture_output=True, text=True, check=False,
+    ).stdout.strip()  # fmt: skip
+    if not picked or picked == docker:
+        return docker, False
+    return _builder(picked)
+
+
+def build_error(output: str) -> str:
+    """The line of a failed build that says why: its last ERROR line, else its last line."""
+    lines = [line.strip() for line in output.strip().splitlines() if line.strip()]
+    errors = [line for line in lines if "ERROR" in line or "error:" in line]
+    return (errors or lines or ["no output"])[-1]
+
+
 def build_peers_image(docker: str, image: str) -> str:
     """<image>-peers from bench/peers/Dockerfile (cached layers: seconds when nothing changed)."""
     tag = f"{image}-peers"
-    buildx = subprocess.run([docker, "buildx", "version"], capture_output=True, check=False)
+    client, buildx = _builder(docker)
     present = frozenset(path for path in CA_BUNDLES if Path(path).is_file())
-    argv = build_argv(
-        docker, buildx.returncode == 0, image, tag, PEERS_CONTEXT, ca_bundle(os.environ, present)
-    )
+    argv = build_argv(client, buildx, image, tag, PEERS_CONTEXT, ca_bundle(os.environ, present))
     env = {**os.environ, "DOCKER_BUILDKIT": "1"}
     built = subprocess.run(argv, capture_output=True, text=True, env=env, check=False, timeout=1800)
     if built.returncode != 0:
-        last = (built.stderr or built.stdout).strip().splitlines()[-1:] or ["no output"]
-        raise RuntimeError(f"cannot build {tag} (bench/peers/Dockerfile): {last[0]}")
+        why = build_error(built.stdout + "\n" + built.stderr)
+        raise RuntimeError(f"cannot build {tag} (bench/peers/Dockerfile): {why}")
     return tag
 
 

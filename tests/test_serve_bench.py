@@ -159,12 +159,16 @@ def test_the_floor_runs_on_the_mlp_only_and_every_server_has_a_plan() -> None:
 
 
 def test_peer_names_carry_the_pinned_versions() -> None:
-    pins = dict(
-        line.split("==")
-        for line in (PEERS_CONTEXT / "requirements.txt").read_text().splitlines()
-        if "==" in line and not line.startswith("#")
-    )
-    for server, package in ((KSERVE, "kserve"), (MLSERVER, "mlserver"), (FLOOR, "granian")):
+    for server, package, venv in (
+        (KSERVE, "kserve", "kserve"),
+        (MLSERVER, "mlserver", "mlserver"),
+        (FLOOR, "granian", "kserve"),
+    ):
+        pins = dict(
+            line.split("==")
+            for line in (PEERS_CONTEXT / f"requirements-{venv}.txt").read_text().splitlines()
+            if "==" in line and not line.startswith("#")
+        )
         assert re.search(rf"\b{re.escape(pins[package])}\b", server), server
 
 

@@ -2,7 +2,7 @@
 JSON body, no framework and no model, under granian (Rust HTTP, one worker per core). No
 model server can answer faster through Python's ASGI.
 
-    /opt/peers/bin/granian --interface asgi --host 0.0.0.0 --port 8080 --workers 2 \
+    /opt/kserve/bin/granian --interface asgi --host 0.0.0.0 --port 8080 --workers 2 \
         --working-dir /opt/bench floor:app
 """
 

@@ -3,7 +3,7 @@ SavedModel's serving signature once per request (signature_call.py): the serving
 KServe peer, answering the V1 protocol at POST /v1/models/model:predict with
 `{"instances": [...]}` (images as `{"b64": ...}`) and `{"predictions": [...]}` back.
 
-    PYTHONPATH=/opt/bench /opt/peers/bin/python /opt/bench/kserve_server.py --http_port 8080
+    PYTHONPATH=/opt/bench /opt/kserve/bin/python /opt/bench/kserve_server.py --http_port 8080
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ answering the V2 (Open Inference) protocol at POST /v2/models/model/infer. One i
 as FP32/INT tensors, strings and base64 PNG images as BYTES. Outputs: one V2 tensor per
 signature output (BYTES as text), plus `label` for a model with classes.json.
 
-    PYTHONPATH=/opt/bench /opt/peers/bin/mlserver start /opt/bench/mlserver
+    PYTHONPATH=/opt/bench /opt/mlserver/bin/mlserver start /opt/bench/mlserver
 """
 
 from __future__ import annotations
