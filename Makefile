@@ -181,13 +181,13 @@ train: venv ## Launch a SageMaker job from the image pushed at HEAD (ARGS="--ins
 
 .PHONY: bench
 bench: venv ## Measure overhead, faults, allreduce, input pipeline, torch; then 4-64 hosts (bench.scale)
-	$(PY) -m bench --image $(IMAGE):cpu --torch-image $(IMAGE):torch-cpu --docker $(DOCKER) \
+	CA_BUNDLE='$(CA_BUNDLE)' $(PY) -m bench --image $(IMAGE):cpu --torch-image $(IMAGE):torch-cpu --docker $(DOCKER) \
 	    --out bench/results
 	DOCKER=$(DOCKER) $(PY) -m bench.scale --image $(IMAGE):cpu --out bench/results
 
 .PHONY: bench-quick
 bench-quick: venv ## An 8-minute pass over every benchmark (1 run, 2 hosts), results to build/bench
-	$(PY) -m bench --quick --image $(IMAGE):cpu --torch-image $(IMAGE):torch-cpu \
+	CA_BUNDLE='$(CA_BUNDLE)' $(PY) -m bench --quick --image $(IMAGE):cpu --torch-image $(IMAGE):torch-cpu \
 	    --docker $(DOCKER) --out build/bench
 
 .PHONY: clean

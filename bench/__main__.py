@@ -3,7 +3,7 @@
 python -m bench --image sm-horovod:cpu --docker docker --out bench/results
 python -m bench --quick          # 1 run each, 2 hosts only, small tensors (~8 minutes)
 python -m bench --only accuracy  # one measurement, merged into the existing results.json
-python -m bench --only serving   # the same for the serving benchmark
+python -m bench --only serving   # serve vs Flask, KServe, MLServer, a floor (~12 min)
 python -m bench --only strategies  # Horovod vs MultiWorkerMirroredStrategy, and the MWMS fault
 python -m bench --only torch       # our torch backend vs bare torchrun (--torch-image)
 """
@@ -81,7 +81,6 @@ class Settings:
     skip: frozenset[str]
     keep_scratch: bool
     render_only: bool
-    serving_seconds: float = 10.0
     only: str | None = None
     torch_image: str = DEFAULT_TORCH_IMAGE
 
@@ -135,7 +134,6 @@ def parse_args(argv: Sequence[str] | None) -> Settings:
         only=args.only,
         keep_scratch=args.keep_scratch,
         render_only=args.render,
-        serving_seconds=3.0 if args.quick else 10.0,
         torch_image=args.torch_image,
     )
 
@@ -181,7 +179,7 @@ def run(settings: Settings) -> Results:
     strategies: StrategiesResult | None = None
     torch_backend: TorchResult | None = None
     if "serving" not in settings.skip:
-        serving = measure_serving(settings.docker, settings.image, settings.serving_seconds)
+        serving = measure_serving(settings.docker, settings.image, quick=settings.quick)
     with workspace(settings.docker, settings.image, keep=settings.keep_scratch) as space:
         if "overhead" not in settings.skip:
             overhead = overhead_runs(space, settings)

@@ -1,172 +1,390 @@
-"""Measurement: `serve` (uvicorn + dynamic batching) against the usual hand-written baseline
-(gunicorn sync workers + Flask, one model call per request: bench/programs/flask_baseline.py),
-in the same image, on the same model, one server at a time, for two models: the built-in
-model trained on the digits (single-PNG requests) and a generic SavedModel, a small Keras MLP
-on 8 float features (what the SDK's predictor.predict(array) sends: a bare JSON list).
+"""Measurement: `serve` against the servers a user would pick instead, side by side in one run,
+on the same models and the same load generator:
 
-Concurrency 1, 8 and 32 from a load generator on this machine (one thread and one keep-alive
-connection per concurrent client), each level bounded by time and by a request count; latency
-p50/p99 and throughput. Goal, for each model: at concurrency 32, at least 3x the baseline's
-throughput with a lower p99.
+- Flask + gunicorn sync workers, calling the model once per request (AWS's bring-your-own
+  pattern: bench/programs/flask_baseline.py), in the same image;
+- KServe's Python model server and MLServer, each with a custom model class that calls the
+  same SavedModel signature (bench/programs/kserve_server.py, mlserver_runtime.py), speaking
+  their own protocols (KServe V1 `{"instances"}`, MLServer V2 `{"inputs"}`), with TensorFlow
+  2.14 from the image (bench/peers/Dockerfile builds <IMAGE>-peers: the image plus their venv);
+- a floor: granian running a raw ASGI app that answers a constant body (bench/programs/floor.py).
+
+Three models: the Keras MLP (one row of 8 floats), the built-in digits CNN (one PNG) and a
+SavedModel with a string input (one sentence). The load: wrk (Debian's, in <IMAGE>-peers, run
+with `docker exec` from a container of its own) with 1, 8 and 32 keep-alive connections; every
+server alone (the others stopped), a warm-up, then each level `runs` times; the table has the
+medians and the machine's 1-minute load average beside each figure.
+
+Goals (issue 30), per model: at 32 clients at least 3x Flask's rate with a lower p99, more
+than KServe's and MLServer's with a lower p99; on the MLP at least half the floor's rate; at
+1 client a p50 no worse than Flask's.
 """
 
 from __future__ import annotations
 
+import base64
 import dataclasses
-import http.client
+import json
 import logging
+import os
+import re
+import secrets
+import statistics
 import subprocess
 import tempfile
-import threading
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from bench.summary import Goal
+from harness.cluster import docker_command
 from harness.digits import make_digits
 from harness.serving import SERVE_TEST_EPOCHS, ServeContainer, make_models, train_digits_model
 
 log = logging.getLogger(__name__)
 
 REPO = Path(__file__).resolve().parent.parent
+PROGRAMS = REPO / "bench" / "programs"
+PEERS_CONTEXT = REPO / "bench" / "peers"
 CONCURRENCY = (1, 8, 32)
 GOAL_CONCURRENCY = 32
-GOAL_THROUGHPUT_RATIO = 3.0
+GOAL_FLASK_RATIO = 3.0
+GOAL_FLOOR_FRACTION = 0.5
 # AWS's example sets gunicorn's workers to the CPU count; this machine's is 2.
 BASELINE_WORKERS = 2
-# Each level stops at whichever comes first.
-MAX_REQUESTS_PER_LEVEL = 20_000
+FLOOR_WORKERS = 2
+# Per run of one level; a full run is ~12 minutes with 3 runs, --quick ~7 with 1.
+SECONDS_PER_RUN, QUICK_SECONDS_PER_RUN = 3.0, 2.0
+WARMUP_SECONDS = 2.0
+RUNS, QUICK_RUNS = 3, 1
+# Where the build's downloads find the CA bundle, as the Makefile picks it (CA_BUNDLE= empty:
+# the image's own).
+CA_BUNDLES = ("/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt",
+              "/etc/ssl/cert.pem")  # fmt: skip
+
+# Server names: OURS and BASELINE are spelled as in earlier results, which still load.
 OURS, BASELINE = "serve (uvicorn + dynamic batching)", "Flask + gunicorn sync workers"
-DIGITS, MLP = "digits CNN, one PNG", "Keras MLP, 8 floats"
+KSERVE, MLSERVER = "KServe 0.15.2", "MLServer 1.6.1"
+FLOOR = "floor: granian 2.8.7, constant body"
+SERVERS = (OURS, BASELINE, KSERVE, MLSERVER, FLOOR)
+MLP, DIGITS, TEXT = "Keras MLP, 8 floats", "digits CNN, one PNG", "string input, one sentence"
+MODELS = (MLP, DIGITS, TEXT)
 # One row of the MLP's 8 features, as predictor.predict(np.array([[...]])) sends it.
-MLP_BODY = b"[[0.5, -1.0, 0.25, 2.0, -0.75, 1.5, 0.0, -2.5]]"
+MLP_ROW = [0.5, -1.0, 0.25, 2.0, -0.75, 1.5, 0.0, -2.5]
+MLP_BODY = json.dumps([MLP_ROW]).encode()
+SENTENCE = "the quick brown fox jumps over the lazy dog"
 
 
 @dataclasses.dataclass(frozen=True)
 class LoadLevel:
+    """One server at one concurrency on one model: medians over `runs` runs."""
+
     server: str
     concurrency: int
-    requests: int
-    errors: int
-    seconds: float
+    requests: int  # answered 2xx, over every run
+    errors: int  # non-2xx answers and socket errors, over every run
+    seconds: float  # per run
     throughput_rps: float
     p50_ms: float | None
     p99_ms: float | None
     model: str = DIGITS
+    load1: float | None = None  # the 1-minute load average before the runs (median)
+    runs: int = 1
+    runs_rps: tuple[float, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
 class ServingResult:
-    seconds_per_level: float
+    seconds_per_level: float  # per run
     test_accuracy: float
     levels: tuple[LoadLevel, ...]
     ours_batches: str = ""
     error: str | None = None
+    runs: int = 1
+    load_generator: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class WrkRun:
+    """What one wrk run printed (`wrk --latency`)."""
+
+    requests: int  # every response, 2xx or not
+    seconds: float
+    non_2xx: int
+    socket_errors: int
+    p50_ms: float | None
+    p99_ms: float | None
+
+    @property
+    def ok_rps(self) -> float:
+        return max(self.requests - self.non_2xx, 0) / self.seconds if self.seconds > 0 else 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+    path: str
+    body: bytes
+    content_type: str
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerPlan:
+    """How to start one server in <IMAGE>-peers and where it answers."""
+
+    name: str
+    command: tuple[str, ...]
+    ready_path: str
+    env: tuple[tuple[str, str], ...] = ()
 
 
 # --- pure ------------------------------------------------------------------------------------
 
-
-def percentile(sorted_values: Sequence[float], fraction: float) -> float | None:
-    """Nearest-rank percentile of an ascending list."""
-    if not sorted_values:
-        return None
-    rank = max(1, round(fraction * len(sorted_values) + 0.5 - 1e-9))
-    return sorted_values[min(rank, len(sorted_values)) - 1]
+_DURATION = {"us": 1e-3, "ms": 1.0, "s": 1e3, "m": 60e3, "h": 3600e3}
+_SECONDS = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 
-def summarize_level(  # noqa: PLR0917  (one level's figures)
-    server: str,
-    concurrency: int,
-    latencies_s: Sequence[float],
-    errors: int,
-    seconds: float,
-    model: str = DIGITS,
-) -> LoadLevel:
-    ordered = sorted(latencies_s)
-    p50, p99 = percentile(ordered, 0.50), percentile(ordered, 0.99)
-    return LoadLevel(
-        server=server,
-        concurrency=concurrency,
-        requests=len(ordered),
-        errors=errors,
-        seconds=seconds,
-        throughput_rps=len(ordered) / seconds if seconds > 0 else 0.0,
-        p50_ms=None if p50 is None else p50 * 1e3,
-        p99_ms=None if p99 is None else p99 * 1e3,
-        model=model,
+def _to_ms(value: str, unit: str) -> float:
+    return float(value) * _DURATION[unit]
+
+
+def parse_wrk(output: str) -> WrkRun:
+    """wrk 4's report (with --latency): total responses, duration, non-2xx, socket errors and
+    the 50th and 99th latency percentiles. ValueError where it has no request count."""
+    total = re.search(r"^\s*(\d+) requests in ([\d.]+)(us|ms|s|m|h),", output, re.M)
+    if total is None:
+        raise ValueError(f"not a wrk report: {output.strip()[-300:]!r}")
+    percentiles = {
+        int(p): _to_ms(v, u)
+        for p, v, u in re.findall(r"^\s*(50|99)%\s+([\d.]+)(us|ms|s|m|h)\s*$", output, re.M)
+    }
+    non_2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", output)
+    sockets = re.search(
+        r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", output
+    )
+    return WrkRun(
+        requests=int(total.group(1)),
+        seconds=float(total.group(2)) * _SECONDS[total.group(3)],
+        non_2xx=int(non_2xx.group(1)) if non_2xx else 0,
+        socket_errors=sum(int(n) for n in sockets.groups()) if sockets else 0,
+        p50_ms=percentiles.get(50),
+        p99_ms=percentiles.get(99),
     )
 
 
-def serving_goal(result: ServingResult | None, model: str = DIGITS) -> Goal:
-    name = f"serve throughput at concurrency {GOAL_CONCURRENCY}"
-    if model != DIGITS:
-        name += f" ({model})"
-    target = f"≥ {GOAL_THROUGHPUT_RATIO:g}x the Flask baseline, lower p99"
-    levels = {
+def _median(values: Sequence[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else None
+
+
+def summarize_runs(
+    server: str,
+    model: str,
+    concurrency: int,
+    runs: Sequence[WrkRun],
+    loads: Sequence[float | None] = (),
+) -> LoadLevel:
+    """The medians of a level's runs (each figure its own median)."""
+    rates = [run.ok_rps for run in runs]
+    return LoadLevel(
+        server=server,
+        concurrency=concurrency,
+        requests=sum(max(run.requests - run.non_2xx, 0) for run in runs),
+        errors=sum(run.non_2xx + run.socket_errors for run in runs),
+        seconds=_median([run.seconds for run in runs]) or 0.0,
+        throughput_rps=_median(rates) or 0.0,
+        p50_ms=_median([run.p50_ms for run in runs]),
+        p99_ms=_median([run.p99_ms for run in runs]),
+        model=model,
+        load1=_median(loads),
+        runs=len(runs),
+        runs_rps=tuple(round(rate, 1) for rate in rates),
+    )
+
+
+def wrk_argv(url: str, concurrency: int, seconds: float) -> list[str]:
+    """wrk with one thread per core (2) at most, never more threads than connections."""
+    threads = min(concurrency, 2)
+    return ["wrk", "--latency", "-t", str(threads), "-c", str(concurrency),
+            "-d", f"{max(1, round(seconds))}s", "--timeout", "10s",
+            "-s", "/opt/bench/post.lua", url]  # fmt: skip
+
+
+def requests_for(server: str, model: str, png: bytes) -> Request:
+    """The request each server gets for a model, in its own protocol: the same instance."""
+    if model == MLP:
+        instances: list = [MLP_ROW]
+        v2 = {"name": "features", "shape": [1, 8], "datatype": "FP32", "data": MLP_ROW}
+    elif model == DIGITS:
+        encoded = base64.b64encode(png).decode()
+        instances = [{"b64": encoded}]
+        v2 = {"name": "images", "shape": [1], "datatype": "BYTES", "data": [encoded]}
+    elif model == TEXT:
+        instances = [SENTENCE]
+        v2 = {"name": "text", "shape": [1], "datatype": "BYTES", "data": [SENTENCE]}
+    else:
+        raise ValueError(f"unknown model {model!r}")
+    if server == KSERVE:
+        body = json.dumps({"instances": instances}).encode()
+        return Request("/v1/models/model:predict", body, "application/json")
+    if server == MLSERVER:
+        return Request(
+            "/v2/models/model/infer", json.dumps({"inputs": [v2]}).encode(), "application/json"
+        )
+    if model == DIGITS:
+        return Request("/invocations", png, "image/png")
+    body = MLP_BODY if model == MLP else json.dumps({"instances": instances}).encode()
+    return Request("/invocations", body, "application/json")
+
+
+def server_plans() -> dict[str, ServerPlan]:
+    peers_env = (("PYTHONPATH", "/opt/bench"),)
+    gunicorn = ("gunicorn", "-k", "sync", "-w", str(BASELINE_WORKERS), "-b", "0.0.0.0:8080",
+                "--timeout", "60", "--chdir", "/opt/bench", "flask_baseline:app")  # fmt: skip
+    # KServe's defaults, less its log line per request (serve logs none either).
+    kserve = ("/opt/kserve/bin/python", "/opt/bench/kserve_server.py", "--http_port", "8080",
+              "--enable_latency_logging", "false")  # fmt: skip
+    mlserver = ("/opt/mlserver/bin/mlserver", "start", "/opt/bench/mlserver")
+    granian = ("/opt/kserve/bin/granian", "--interface", "asgi", "--host", "0.0.0.0",  # noqa: S104
+               "--port", "8080", "--workers", str(FLOOR_WORKERS), "--working-dir", "/opt/bench",
+               "floor:app")  # fmt: skip
+    return {
+        OURS: ServerPlan(OURS, ("serve",), "/ping"),
+        BASELINE: ServerPlan(BASELINE, gunicorn, "/ping"),
+        KSERVE: ServerPlan(KSERVE, kserve, "/v1/models/model", peers_env),
+        MLSERVER: ServerPlan(MLSERVER, mlserver, "/v2/models/model/ready", peers_env),
+        FLOOR: ServerPlan(FLOOR, granian, "/ping"),
+    }
+
+
+def servers_for(model: str) -> tuple[str, ...]:
+    """Every server on every model; the floor (no model) only on the MLP, where its goal is."""
+    return SERVERS if model == MLP else tuple(s for s in SERVERS if s != FLOOR)
+
+
+def _levels(result: ServingResult | None, model: str) -> dict[tuple[str, int], LoadLevel]:
+    return {
         (lv.server, lv.concurrency): lv
         for lv in (result.levels if result else ())
         if lv.model == model
     }
-    ours, base = levels.get((OURS, GOAL_CONCURRENCY)), levels.get((BASELINE, GOAL_CONCURRENCY))
-    if ours is None or base is None or not base.throughput_rps or ours.p99_ms is None:
+
+
+def _load(level: LoadLevel) -> str:
+    return "" if level.load1 is None else f", load {level.load1:.1f}"
+
+
+def _vs_goal(  # noqa: PLR0917  (one comparison)
+    result: ServingResult | None, model: str, peer: str, ratio: float, name: str, target: str
+) -> Goal:
+    levels = _levels(result, model)
+    ours, theirs = levels.get((OURS, GOAL_CONCURRENCY)), levels.get((peer, GOAL_CONCURRENCY))
+    if ours is None or theirs is None or not theirs.throughput_rps or not ours.throughput_rps:
         return Goal(name, target, "not measured", None)
-    ratio = ours.throughput_rps / base.throughput_rps
-    measured = (
-        f"{ratio:.1f}x ({ours.throughput_rps:.0f} vs {base.throughput_rps:.0f} req/s), "
-        f"p99 {ours.p99_ms:.0f} vs {base.p99_ms:.0f} ms"
-    )
-    met = ratio >= GOAL_THROUGHPUT_RATIO and base.p99_ms is not None and ours.p99_ms < base.p99_ms
+    times = ours.throughput_rps / theirs.throughput_rps
+    measured = f"{times:.2f}x ({ours.throughput_rps:,.0f} vs {theirs.throughput_rps:,.0f} req/s"
+    p99_lower = None
+    if ours.p99_ms is not None and theirs.p99_ms is not None:
+        measured += f"), p99 {ours.p99_ms:.1f} vs {theirs.p99_ms:.1f} ms"
+        p99_lower = ours.p99_ms < theirs.p99_ms
+    else:
+        measured += ")"
+    measured += _load(ours)
+    if peer == FLOOR:
+        return Goal(name, target, measured, times >= ratio)
+    met = times >= ratio and p99_lower is True
+    if ratio == 1.0:
+        met = times > 1.0 and p99_lower is True
     return Goal(name, target, measured, met)
 
 
+def _p50_goal(result: ServingResult | None, model: str) -> Goal:
+    name = f"serve p50 at 1 client ({model})"
+    target = "≤ Flask's p50"
+    levels = _levels(result, model)
+    ours, base = levels.get((OURS, 1)), levels.get((BASELINE, 1))
+    if ours is None or base is None or ours.p50_ms is None or base.p50_ms is None:
+        return Goal(name, target, "not measured", None)
+    measured = f"{ours.p50_ms:.2f} vs {base.p50_ms:.2f} ms{_load(ours)}"
+    return Goal(name, target, measured, ours.p50_ms <= base.p50_ms)
+
+
 def serving_goals(result: ServingResult | None) -> list[Goal]:
-    """One goal per model measured (results from before the MLP have the digits only)."""
-    models = [DIGITS, *sorted({lv.model for lv in (result.levels if result else ())} - {DIGITS})]
-    return [serving_goal(result, model) for model in models]
+    """Issue 30's goals, per model, then the floor's on the MLP; a goal whose figures this
+    run lacks is "not measured" (met None)."""
+    at = f"at {GOAL_CONCURRENCY} clients"
+    goals: list[Goal] = []
+    for model in MODELS:
+        goals += [
+            _vs_goal(result, model, BASELINE, GOAL_FLASK_RATIO, f"serve vs Flask {at} ({model})",
+                     f"≥ {GOAL_FLASK_RATIO:g}x req/s, lower p99"),
+            _vs_goal(result, model, KSERVE, 1.0, f"serve vs KServe {at} ({model})",
+                     "more req/s, lower p99"),
+            _vs_goal(result, model, MLSERVER, 1.0, f"serve vs MLServer {at} ({model})",
+                     "more req/s, lower p99"),
+            _p50_goal(result, model),
+        ]  # fmt: skip
+        if model == MLP:
+            goals.append(
+                _vs_goal(result, MLP, FLOOR, GOAL_FLOOR_FRACTION,
+                         f"serve vs the floor {at} ({MLP})",
+                         f"≥ {GOAL_FLOOR_FRACTION:g}x the floor's req/s")
+            )  # fmt: skip
+    return goals
+
+
+def _cell(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:,.{digits}f}"
 
 
 def serving_lines(result: ServingResult | None) -> list[str]:
-    lines = ["### Serving", ""]
     if result is None:
         return []
+    lines = ["### Serving", ""]
     if result.error:
         return [*lines, f"Not measured ({result.error}).", ""]
     lines += [
-        "Two models: single 32x32 PNG digits per request (`image/png`), the built-in model "
-        f"trained on the digits (test accuracy {result.test_accuracy:.3f}); and a small Keras "
-        "MLP SavedModel (8 float features, 32 hidden units, 3 outputs) with one row per request "
-        "as the SDK's `predictor.predict(array)` sends it (`application/json`, `[[...]]`). "
-        "Both servers in the same image, "
-        "one at a time, on every core; the load generator runs on the same machine (one "
-        "thread and keep-alive connection per client), "
-        f"{result.seconds_per_level:g} s per level. Baseline: AWS's bring-your-own pattern, "
-        f"gunicorn with {BASELINE_WORKERS} sync workers (the CPU count) and a Flask app calling "
-        "the SavedModel once per request (`bench/programs/flask_baseline.py`). "
+        f"Every server alone on the machine, the same models, one request = one instance, "
+        f"load from {result.load_generator or 'the load generator'} (keep-alive connections "
+        f"= clients); medians of {result.runs} run(s) of {result.seconds_per_level:g} s per "
+        "level after a warm-up; load: the machine's 1-minute load average before the runs. "
+        f"Digits model test accuracy {result.test_accuracy:.3f}. "
+        "Flask: gunicorn with "
+        f"{BASELINE_WORKERS} sync workers calling the SavedModel once per request "
+        "(`bench/programs/flask_baseline.py`); KServe (V1 protocol) and MLServer (V2) with a "
+        "custom model calling the same signature (`bench/programs/`); floor: a raw ASGI app "
+        f"answering a constant body under granian ({FLOOR_WORKERS} workers). "
         f"{result.ours_batches}",
         "",
     ]
-    rows = [
+    order = {name: i for i, name in enumerate(SERVERS)}
+    models = {name: i for i, name in enumerate(MODELS)}
+    rows = sorted(
+        result.levels,
+        key=lambda lv: (
+            models.get(lv.model, 99),
+            lv.model,
+            lv.concurrency,
+            order.get(lv.server, 99),
+        ),
+    )
+    header = ["Model", "Clients", "Server", "Req/s", "p50 (ms)", "p99 (ms)", "Load 1m", "Errors"]
+    table = [
         [
             lv.model,
-            lv.server,
             str(lv.concurrency),
+            lv.server,
             f"{lv.throughput_rps:,.0f}",
-            "-" if lv.p50_ms is None else f"{lv.p50_ms:.1f}",
-            "-" if lv.p99_ms is None else f"{lv.p99_ms:.1f}",
-            f"{lv.requests:,}",
+            _cell(lv.p50_ms, 2),
+            _cell(lv.p99_ms, 1),
+            _cell(lv.load1, 1),
             str(lv.errors),
         ]
-        for lv in result.levels
+        for lv in rows
     ]
-    header = [
-        "Model", "Server", "Concurrency", "Req/s", "p50 (ms)", "p99 (ms)", "Requests", "Errors",
-    ]  # fmt: skip
     return [
         *lines,
         "| " + " | ".join(header) + " |",
         "|" + "---|" * len(header),
-        *("| " + " | ".join(row) + " |" for row in rows),
+        *("| " + " | ".join(row) + " |" for row in table),
         "",
     ]
 
@@ -174,146 +392,253 @@ def serving_lines(result: ServingResult | None) -> list[str]:
 def serving_from_json(raw: dict | None) -> ServingResult | None:
     if raw is None:
         return None
-    levels = tuple(LoadLevel(**level) for level in raw["levels"])
+    levels = tuple(
+        LoadLevel(**{**level, "runs_rps": tuple(level.get("runs_rps", ()))})
+        for level in raw["levels"]
+    )
     return ServingResult(**{**raw, "levels": levels})
+
+
+def ca_bundle(env: Mapping[str, str], exists: frozenset[str]) -> str | None:
+    """The CA bundle the peers' build trusts: CA_BUNDLE as the Makefile's (empty: none), else
+    the first system bundle present."""
+    if "CA_BUNDLE" in env:
+        return env["CA_BUNDLE"] or None
+    return next((path for path in CA_BUNDLES if path in exists), None)
+
+
+def build_argv(  # noqa: PLR0917  (one build)
+    docker: str, buildx: bool, image: str, tag: str, context: Path, bundle: str | None
+) -> list[str]:
+    build = [docker, "buildx", "build", "--load"] if buildx else [docker, "build"]
+    secret = ["--secret", f"id=ca,src={bundle}"] if bundle else []
+    return [*build, "--build-arg", f"IMAGE={image}", *secret, "--tag", tag, str(context)]
 
 
 # --- shell -----------------------------------------------------------------------------------
 
 
-def run_load(  # noqa: PLR0917  (one level's parameters)
-    server: ServeContainer,
-    name: str,
-    body: bytes,
-    concurrency: int,
-    seconds: float,
-    model: str = DIGITS,
-) -> LoadLevel:
-    """`concurrency` clients, each sending the next request as soon as its last one answered,
-    until `seconds` passed or MAX_REQUESTS_PER_LEVEL were sent."""
-    content_type = "image/png" if model == DIGITS else "application/json"
-    latencies: list[float] = []
-    errors = [0]
-    lock = threading.Lock()
-    started = time.monotonic()
-    deadline = started + seconds
+@dataclasses.dataclass
+class PeerContainer(ServeContainer):
+    """A server in <IMAGE>-peers that is ready when `ready_path` answers 200."""
 
-    def client() -> None:
-        connection = server.client(timeout=60)
+    ready_path: str = "/ping"
+
+    def ping(self) -> int | None:
+        connection = self.client(timeout=2)
         try:
-            while time.monotonic() < deadline:
-                with lock:
-                    if len(latencies) + errors[0] >= MAX_REQUESTS_PER_LEVEL:
-                        return
-                sent = time.monotonic()
-                try:
-                    connection.request(
-                        "POST", "/invocations", body=body, headers={"Content-Type": content_type}
-                    )
-                    response = connection.getresponse()
-                    response.read()
-                    ok = response.status == 200
-                except (OSError, http.client.HTTPException):
-                    ok = False
-                    connection.close()
-                    connection = server.client(timeout=60)
-                took = time.monotonic() - sent
-                with lock:
-                    if ok:
-                        latencies.append(took)
-                    else:
-                        errors[0] += 1
+            connection.request("GET", self.ready_path)
+            return connection.getresponse().status
+        except OSError:
+            return None
         finally:
             connection.close()
 
-    threads = [threading.Thread(target=client) for _ in range(concurrency)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    level = summarize_level(
-        name, concurrency, latencies, errors[0], time.monotonic() - started, model
-    )
-    log.info(
-        "serving %s, %s c=%d: %.0f req/s p50 %s ms p99 %s ms (%d requests, %d errors)",
-        model,
-        name,
-        concurrency,
-        level.throughput_rps,
-        level.p50_ms and f"{level.p50_ms:.1f}",
-        level.p99_ms and f"{level.p99_ms:.1f}",
-        level.requests,
-        level.errors,
-    )
-    return level
+
+def _builder(docker: str) -> tuple[str, bool]:
+    """A client that builds with BuildKit (secrets need it), and whether it has buildx: `docker`
+    where it can, else the one `make build` picks (docker/setup-docker.sh --pick-client)."""
+    if (
+        subprocess.run([docker, "buildx", "version"], capture_output=True, check=False).returncode
+        == 0
+    ):
+        return docker, True
+    picked = subprocess.run(
+        [str(REPO / "docker" / "setup-docker.sh"), "--pick-client"],
+        capture_output=True, text=True, check=False,
+    ).stdout.strip()  # fmt: skip
+    if not picked or picked == docker:
+        return docker, False
+    return _builder(picked)
 
 
-def _measure_server(
-    make: Callable[[], ServeContainer], name: str, body: bytes, seconds: float, model: str
-) -> tuple[list[LoadLevel], str]:
-    server = make().start()
-    try:
-        server.wait_ready(timeout=600)
-        # Warm every worker (the baseline loads its model lazily in each one).
-        run_load(server, name, body, 2 * BASELINE_WORKERS, 2.0, model)
-        levels = [run_load(server, name, body, c, seconds, model) for c in CONCURRENCY]
-    finally:
-        # A graceful stop first: our server logs its batch statistics when it has drained.
-        server.stop()
-        logs = server.logs()
-        server.remove()
-    summary = next((line for line in logs.splitlines() if "drained; served" in line), "")
-    return levels, summary
+def build_error(output: str) -> str:
+    """The line of a failed build that says why: its last ERROR line, else its last line."""
+    lines = [line.strip() for line in output.strip().splitlines() if line.strip()]
+    errors = [line for line in lines if "ERROR" in line or "error:" in line]
+    return (errors or lines or ["no output"])[-1]
 
 
-def _baseline(docker: str, image: str, model_dir: Path) -> ServeContainer:
-    return ServeContainer(
+def build_peers_image(docker: str, image: str) -> str:
+    """<image>-peers from bench/peers/Dockerfile (cached layers: seconds when nothing changed)."""
+    tag = f"{image}-peers"
+    client, buildx = _builder(docker)
+    present = frozenset(path for path in CA_BUNDLES if Path(path).is_file())
+    argv = build_argv(client, buildx, image, tag, PEERS_CONTEXT, ca_bundle(os.environ, present))
+    env = {**os.environ, "DOCKER_BUILDKIT": "1"}
+    built = subprocess.run(argv, capture_output=True, text=True, env=env, check=False, timeout=1800)
+    if built.returncode != 0:
+        why = build_error(built.stdout + "\n" + built.stderr)
+        raise RuntimeError(f"cannot build {tag} (bench/peers/Dockerfile): {why}")
+    return tag
+
+
+class LoadGenerator:
+    """wrk in a container of <IMAGE>-peers that sleeps between runs; `docker exec` per run."""
+
+    def __init__(self, docker: str, image: str, bodies: Path) -> None:
+        self.docker = docker
+        self.bodies = bodies
+        self.name = f"smbench-wrk-{secrets.token_hex(3)}"
+        docker_command(
+            docker, "run", "--detach", "--name", self.name, "--entrypoint", "sleep",
+            "--volume", f"{PROGRAMS}:/opt/bench:ro", "--volume", f"{bodies}:/bodies:ro",
+            image, "infinity",
+        )  # fmt: skip
+        found = docker_command(docker, "exec", self.name, "sh", "-c", "command -v wrk", check=False)
+        if found.returncode != 0:
+            self.remove()
+            raise RuntimeError(f"wrk is not in {image}: rebuild it from bench/peers/Dockerfile")
+        self.version = (
+            docker_command(
+                docker, "exec", self.name, "sh", "-c", "wrk --version 2>&1 | head -1", check=False
+            )
+            .stdout.split(" [")[0]
+            .strip()
+            or "wrk"
+        )
+
+    def run(
+        self, url: str, request: Request, concurrency: int, seconds: float
+    ) -> tuple[WrkRun, float | None]:
+        """One wrk run, and the 1-minute load average just before it."""
+        (self.bodies / "body").write_bytes(request.body)
+        argv = wrk_argv(url, concurrency, seconds)
+        result = docker_command(
+            self.docker, "exec", "--env", "BODY_FILE=/bodies/body",
+            "--env", f"CONTENT_TYPE={request.content_type}", self.name,
+            "sh", "-c", 'cut -d" " -f1 /proc/loadavg; exec "$@"', "wrk", *argv,
+            check=False,
+        )  # fmt: skip
+        first, _, report = result.stdout.partition("\n")
+        try:
+            load: float | None = float(first)
+        except ValueError:
+            load = None
+        return parse_wrk(report + result.stderr), load
+
+    def remove(self) -> None:
+        subprocess.run([self.docker, "rm", "-f", self.name], capture_output=True, check=False)
+
+
+def start_server(docker: str, image: str, plan: ServerPlan, model_dir: Path) -> PeerContainer:
+    server = PeerContainer(
         docker,
         image,
         model_dir,
-        command=(
-            "gunicorn", "-k", "sync", "-w", str(BASELINE_WORKERS),
-            "-b", "0.0.0.0:8080", "--timeout", "60",
-            "--chdir", "/opt/bench", "flask_baseline:app",
-        ),
-        extra_mounts=((REPO / "bench" / "programs", "/opt/bench"),),
-    )  # fmt: skip
+        env=dict(plan.env),
+        command=plan.command,
+        extra_mounts=((PROGRAMS, "/opt/bench"),),
+        ready_path=plan.ready_path,
+    )
+    server.start()
+    return server
 
 
-def _measure_pair(  # noqa: PLR0917  (one pair's parameters)
-    docker: str, image: str, model_dir: Path, body: bytes, seconds: float, model: str
+def measure_model(  # noqa: PLR0917  (one model's parameters)
+    docker: str,
+    image: str,
+    wrk: LoadGenerator,
+    model: str,
+    model_dir: Path,
+    png: bytes,
+    seconds: float,
+    runs: int,
 ) -> tuple[list[LoadLevel], str]:
-    """Our server, then the baseline, on the same model folder."""
-    ours, batches = _measure_server(
-        lambda: ServeContainer(docker, image, model_dir), OURS, body, seconds, model
-    )
-    baseline, _ = _measure_server(
-        lambda: _baseline(docker, image, model_dir), BASELINE, body, seconds, model
-    )
-    note = batches.split("drained; ", 1)[-1] if batches else ""
-    return [*ours, *baseline], (f"For the {model}, our server {note}." if note else "")
+    """Every server on `model`, one at a time: start, check one answer, warm up, measure."""
+    levels: list[LoadLevel] = []
+    note = ""
+    for name in servers_for(model):
+        request = requests_for(name, model, png)
+        server = start_server(docker, image, server_plans()[name], model_dir)
+        try:
+            server.wait_ready(timeout=600)
+            status, _, content = post_to(server, request)
+            if status != 200:
+                raise RuntimeError(f"{name} on {model}: {status} {content[:300]!r}")
+            url = f"http://{server.address}:{server.port}{request.path}"
+            wrk.run(url, request, 8, WARMUP_SECONDS)
+            for concurrency in CONCURRENCY:
+                done = [wrk.run(url, request, concurrency, seconds) for _ in range(runs)]
+                level = summarize_runs(
+                    name, model, concurrency, [r for r, _ in done], [lo for _, lo in done]
+                )
+                log.info(
+                    "serving %s, %s c=%d: %.0f req/s p50 %s ms p99 %s ms (load %s, %d errors)",
+                    model, name, concurrency, level.throughput_rps,
+                    _cell(level.p50_ms, 2), _cell(level.p99_ms), _cell(level.load1), level.errors,
+                )  # fmt: skip
+                levels.append(level)
+        finally:
+            if name == OURS:
+                # A graceful stop: our server logs its batch statistics once drained.
+                server.stop()
+            logs = server.logs()
+            server.remove()
+        if name == OURS:
+            summary = next((line for line in logs.splitlines() if "drained; served" in line), "")
+            if summary:
+                note = f"For the {model}, our server {summary.split('drained; ', 1)[-1]}."
+    return levels, note
 
 
-def measure_serving(docker: str, image: str, seconds: float) -> ServingResult:
+def post_to(server: ServeContainer, request: Request) -> tuple[int, dict[str, str], bytes]:
+    connection = server.client(60)
+    try:
+        connection.request("POST", request.path, body=request.body,
+                           headers={"Content-Type": request.content_type})  # fmt: skip
+        response = connection.getresponse()
+        return response.status, dict(response.getheaders()), response.read()
+    finally:
+        connection.close()
+
+
+def measure_serving(docker: str, image: str, *, quick: bool = False) -> ServingResult:
+    seconds = QUICK_SECONDS_PER_RUN if quick else SECONDS_PER_RUN
+    runs = QUICK_RUNS if quick else RUNS
     with tempfile.TemporaryDirectory(prefix="bench-serving-") as scratch:
         root = Path(scratch)
+        wrk: LoadGenerator | None = None
         try:
+            peers = build_peers_image(docker, image)
             digits = make_digits(root / "digits")
             trained = train_digits_model(docker, image, root / "train", digits, SERVE_TEST_EPOCHS)
-            body = sorted(digits["test"].glob("*/*.png"))[0].read_bytes()
-            digit_levels, digit_note = _measure_pair(
-                docker, image, trained.model_dir, body, seconds, DIGITS
-            )
-            make_models(docker, image, root / "generic", "mlp")
-            mlp_levels, mlp_note = _measure_pair(
-                docker, image, root / "generic" / "mlp", MLP_BODY, seconds, MLP
-            )
-        except (OSError, RuntimeError, TimeoutError, subprocess.CalledProcessError) as error:
+            png = sorted(digits["test"].glob("*/*.png"))[0].read_bytes()
+            make_models(docker, image, root / "generic", "mlp,text")
+            dirs = {
+                MLP: root / "generic" / "mlp",
+                DIGITS: trained.model_dir,
+                TEXT: root / "generic" / "text",
+            }
+            (root / "bodies").mkdir()
+            wrk = LoadGenerator(docker, peers, root / "bodies")
+            levels: list[LoadLevel] = []
+            notes: list[str] = []
+            for model in MODELS:
+                got, note = measure_model(
+                    docker, peers, wrk, model, dirs[model], png, seconds, runs
+                )
+                levels += got
+                notes.append(note)
+        except (
+            OSError,
+            RuntimeError,
+            TimeoutError,
+            ValueError,
+            subprocess.CalledProcessError,
+        ) as error:
             log.warning("serving measurement failed: %s", error)
-            return ServingResult(seconds, 0.0, (), error=f"{type(error).__name__}: {error}"[:500])
+            return ServingResult(
+                seconds, 0.0, (), error=f"{type(error).__name__}: {error}"[:500], runs=runs
+            )
+        finally:
+            if wrk is not None:
+                wrk.remove()
     return ServingResult(
         seconds,
         trained.test_accuracy,
-        (*digit_levels, *mlp_levels),
-        ours_batches=" ".join(filter(None, (digit_note, mlp_note))),
+        tuple(levels),
+        ours_batches=" ".join(filter(None, notes)),
+        runs=runs,
+        load_generator=wrk.version if wrk else "",
     )

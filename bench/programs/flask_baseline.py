@@ -6,7 +6,8 @@ gunicorn sync workers run this Flask app; each worker loads the model lazily on 
 call is the SavedModel's serving function: Keras' predict() would add its own per-call
 overhead on top, so this baseline is the faster form of the pattern. An image (the built-in
 model, with classes.json) answers labels; JSON (`{"instances": ...}` or the bare list the SDK
-sends, for any one-input SavedModel) answers `{"predictions": ...}`, as aws-samples' TensorFlow
+sends, for any one-input SavedModel) answers `{"predictions": ...}` (one object per row where
+there are several outputs), as aws-samples' TensorFlow
 variant does.
 
     gunicorn -k sync -w 2 -b 0.0.0.0:8080 --chdir /opt/bench flask_baseline:app
@@ -77,8 +78,23 @@ def _predict_json() -> flask.Response:
     document = json.loads(flask.request.data)
     instances = document["instances"] if isinstance(document, dict) else document
     [(name, spec)] = model.structured_input_signature[1].items()
-    outputs = model(**{name: tf.constant(instances, spec.dtype)})
-    predictions = next(iter(outputs.values())).numpy().tolist()
+    outputs = {
+        key: value.numpy()
+        for key, value in model(**{name: tf.constant(instances, spec.dtype)}).items()
+    }
+    if len(outputs) == 1:
+        predictions = next(iter(outputs.values())).tolist()
+    else:  # one object per row with every output, bytes as text (a string model)
+        predictions = [
+            {key: _jsonable(value[row]) for key, value in sorted(outputs.items())}
+            for row in range(len(next(iter(outputs.values()))))
+        ]
     return flask.Response(
         response=json.dumps({"predictions": predictions}), status=200, mimetype="application/json"
     )
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return value.item() if isinstance(value, np.generic) else value.tolist()

@@ -1,0 +1,7 @@
+-- wrk's request for the serving benchmark (bench/serving.py): POST the file BODY_FILE with
+-- the Content-Type CONTENT_TYPE, the same bytes on every request.
+local file = assert(io.open(os.getenv("BODY_FILE"), "rb"))
+wrk.method = "POST"
+wrk.body = file:read("*a")
+file:close()
+wrk.headers["Content-Type"] = os.getenv("CONTENT_TYPE")
