@@ -40,7 +40,8 @@ class Signature:
             (p for p in model_dir.iterdir() if p.name.isdigit()), key=lambda p: int(p.name)
         )
         function = tf.saved_model.load(str(version)).signatures["serving_default"]
-        [(name, spec)] = function.structured_input_signature[1].items()
+        # types-tensorflow's ConcreteFunction lacks structured_input_signature.
+        [(name, spec)] = function.structured_input_signature[1].items()  # type: ignore[attr-defined]
         labels = model_dir / "classes.json"
         classes = tuple(json.loads(labels.read_text())) if labels.is_file() else None
         return cls(function, name, spec.dtype, classes)
