@@ -29,7 +29,7 @@ from entrypoint.contract import (
 )
 from entrypoint.failure import Failure, Reason, record_failure
 from entrypoint.names import EXIT_LINE, ML_ROOT_ENV
-from entrypoint.plan import JobPlan, format_command, make_plan, require_channel
+from entrypoint.plan import JobPlan, format_command, launch_lines, make_plan, require_channel
 from model.hparams import parse_hyperparameters
 from tf_s3.model_dir import head_bucket_error_code, missing_bucket_message
 
@@ -149,6 +149,8 @@ def run(env: Mapping[str, str], paths: ContractPaths) -> int:
         cpu_count=os.cpu_count() or 1,
         env=env,
     )
+    for line in launch_lines(plan):
+        log.info("%s", line)
     job_key = prepare(contract, plan, env)
     stop = threading.Event()
     supervise.install_stop_handlers(stop)

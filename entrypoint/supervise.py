@@ -35,7 +35,14 @@ from entrypoint.failure import (
 )
 from entrypoint.launchers import KILL_WAIT_S, LocalPart, local_part, terminate
 from entrypoint.names import MASTER_SILENCE_LINE, WORKER_SILENCE_LINE
-from entrypoint.plan import JobPlan, MpiLaunch, RemoteShell, VerdictRule, format_command
+from entrypoint.plan import (
+    JobPlan,
+    MpiLaunch,
+    RemoteShell,
+    VerdictRule,
+    format_command,
+    summary_line,
+)
 from entrypoint.protocol import CATALOG, Exited, Verdict, host_verdict, suspect_peers
 from entrypoint.remote_shell import (
     REMOTE_SHELL_CATALOG,
@@ -397,12 +404,7 @@ def run_master(
                     clock=config.clock,
                 )
                 channel.start_workers()
-            log.info(
-                "running %d ranks on %d hosts: %s",
-                plan.total_ranks,
-                len(plan.hosts),
-                format_command(list(plan.command)),
-            )
+            log.info("%s", summary_line(plan))
             part.start()
             verdict = _supervise_master(plan, part, channel, config, stop)
         except JobError as error:
