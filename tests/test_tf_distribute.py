@@ -183,7 +183,12 @@ def test_aws_custom_loop_script_runs_once_per_host_with_the_toolkits_tf_config(
 def test_a_ps_server_killed_fails_every_host(make_cluster, docker, mnist_npy):
     cluster = make_cluster(
         2,
-        hyperparameters={**PS, "sagemaker_program": "mnist_custom.py", "epochs": "1000"},
+        hyperparameters={
+            **PS,
+            "sagemaker_program": "mnist_custom.py",
+            "model_dir": "/opt/ml/model/ckpt",
+            "epochs": "1000",
+        },
         code_dir=AWS_PS_DIR,
         channels={"training": mnist_npy},
     )
