@@ -252,6 +252,13 @@ def test_the_sdk_launches_the_tutorial_with_the_data_parallel_distribution(
 SDK_NETWORK = "sagemaker-local"
 AWS_PS_DIR = PROGRAMS / "aws_ps"
 PROGRAMS_DIR = PROGRAMS
+# The moto server's settings; the SDK sets the (fake) credentials and AWS_REGION itself, and
+# docker-compose refuses a variable given twice.
+SDK_S3_ENV = {
+    name: value
+    for name, value in CLIENT_ENV.items()
+    if name not in {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_REGION"}
+}
 
 
 @contextlib.contextmanager
@@ -294,7 +301,7 @@ def _fit_with_parameter_servers(
             distribution={"parameter_server": {"enabled": True}},
             model_dir=model_dir,
             hyperparameters={"host_wait_timeout": 60, **hyperparameters},
-            environment=CLIENT_ENV,
+            environment=SDK_S3_ENV,
             output_path=f"file://{output}",
             sagemaker_session=local_session(tmp_path / "sdk"),
         )
@@ -305,13 +312,19 @@ def _fit_with_parameter_servers(
     return logs
 
 
-def _host_lines(logs: str, host_prefix: str) -> str:
-    """One SDK host's lines (docker-compose prefixes each with its container's name)."""
-    return "\n".join(
-        line.split("|", 1)[1].strip()
-        for line in logs.splitlines()
-        if line.startswith(host_prefix) and "|" in line
-    )
+# docker-compose's prefix of a container's line: colour codes, the container's name (the SDK's
+# random prefix, then the host), " | ".
+_COMPOSE_LINE = re.compile(r"^(?:\x1b\[[0-9;]*m)*\S*?(algo-\d+-\w+)\s*\|(?:\x1b\[0m)? ?(.*)$")
+
+
+def sdk_host_logs(logs: str) -> dict[str, str]:
+    """Each SDK host's lines, by host name."""
+    hosts: dict[str, list[str]] = {}
+    for line in logs.splitlines():
+        match = _COMPOSE_LINE.match(line)
+        if match:
+            hosts.setdefault(match[1], []).append(match[2])
+    return {host: "\n".join(lines) for host, lines in sorted(hosts.items())}
 
 
 @pytest.mark.timeout(400)
@@ -332,14 +345,14 @@ def test_the_sdk_runs_aws_custom_loop_script_with_parameter_servers(docker, imag
     assert "custom/model.ckpt-2.index" in keys, keys
     assert "custom/model.ckpt-2.data-00000-of-00001" in keys, keys
     # The toolkit's log: its setup line and every task's TF_CONFIG, on each host.
-    hosts = sorted(set(re.findall(r"^(algo-\d-\w+)\s*\|", logs, re.M)))
+    host_logs = sdk_host_logs(logs)
+    hosts = list(host_logs)
     assert len(hosts) == 2, hosts
-    names = [sorted(tf_configs(_host_lines(logs, host))) for host in hosts]
+    names = [sorted(tf_configs(log)) for log in host_logs.values()]
     assert names == [["master:0", "ps:0"], ["ps:1", "worker:0"]], names
-    for host in hosts:
-        host_log = _host_lines(logs, host)
-        assert PS_SETUP_LINE in host_log
-        for config in tf_configs(host_log).values():
+    for log in host_logs.values():
+        assert PS_SETUP_LINE in log
+        for config in tf_configs(log).values():
             assert config["cluster"] == {
                 "master": [f"{hosts[0]}:2222"],
                 "ps": [f"{hosts[0]}:2223", f"{hosts[1]}:2223"],
