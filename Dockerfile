@@ -188,6 +188,7 @@ COPY docker/docker-entrypoint.sh /usr/local/bin/docker-entrypoint.sh
 # This repository's code, last: a code-only change rebuilds only this layer.
 COPY pyproject.toml /opt/src/
 COPY entrypoint /opt/src/entrypoint
+COPY smcommon /opt/src/smcommon
 COPY model /opt/src/model
 COPY serve /opt/src/serve
 COPY smdistributed /opt/src/smdistributed
@@ -198,10 +199,16 @@ RUN set -eux; \
     pip install --no-deps --no-build-isolation --no-cache-dir /opt/src; \
     rm -rf /opt/src; \
 # mpirun's rsh agent for the channel launch, one per worker on the master: a script run by
-# `python -IS` (entrypoint/rsh_agent.py says why); without arguments it exits 255 (usage).
-    install -m 0755 "$(python -c 'import entrypoint.rsh_agent as m; print(m.__file__)')" \
+# `python -IS` (entrypoint/mpi/rsh_agent.py says why); without arguments it exits 255 (usage).
+    install -m 0755 "$(python -c 'import entrypoint.mpi.rsh_agent as m; print(m.__file__)')" \
         /opt/venv/bin/sm-horovod-rsh-agent; \
     { sm-horovod-rsh-agent 2>/dev/null || [ $? -eq 255 ]; }; \
+# Every rank of mpirun and torchrun starts through it (entrypoint/rank_shim.py): it registers
+# with its host's entry point, then execs the program; without arguments it exits 127 (usage).
+    install -m 0755 "$(python -c 'import entrypoint.rank_shim as m; print(m.__file__)')" \
+        /opt/venv/bin/sm-horovod-rank; \
+    { sm-horovod-rank 2>/dev/null || [ $? -eq 127 ]; }; \
+    [ "$(sm-horovod-rank echo ok)" = ok ]; \
     [ "$(command -v train)" = /opt/venv/bin/train ]; \
     grep -q 'entrypoint.main' /opt/venv/bin/train; \
     [ "$(command -v serve)" = /opt/venv/bin/serve ]; \
@@ -302,25 +309,29 @@ RUN --mount=type=bind,from=torch-build,source=/wheels,target=/wheels \
 
 COPY docker/docker-entrypoint.sh /usr/local/bin/docker-entrypoint.sh
 
-# This repository's code, last: the whole package, as in the TensorFlow image (model.hparams is
-# the entry point's hyperparameter check, tf_s3.model_dir its model_dir check); `serve` and the
-# built-in model refuse to run here, and no .pth hook loads tf_s3's TensorFlow plugin.
+# This repository's code, last: no TensorFlow code (the built-in model and tf_s3, whose program
+# checks the entry point then does not run: pyproject.toml's entry points).
 COPY pyproject.toml /opt/src/
 COPY entrypoint /opt/src/entrypoint
-COPY model /opt/src/model
+COPY smcommon /opt/src/smcommon
 COPY serve /opt/src/serve
 COPY smdistributed /opt/src/smdistributed
-COPY tf_s3 /opt/src/tf_s3
 RUN set -eux; \
 # sagemaker-training installs its own `train` script; ours replaces it.
     rm -f /opt/venv/bin/train; \
     pip install --no-deps --no-build-isolation --no-cache-dir /opt/src; \
     rm -rf /opt/src; \
 # mpirun's rsh agent for the channel launch, one per worker on the master: a script run by
-# `python -IS` (entrypoint/rsh_agent.py says why); without arguments it exits 255 (usage).
-    install -m 0755 "$(python -c 'import entrypoint.rsh_agent as m; print(m.__file__)')" \
+# `python -IS` (entrypoint/mpi/rsh_agent.py says why); without arguments it exits 255 (usage).
+    install -m 0755 "$(python -c 'import entrypoint.mpi.rsh_agent as m; print(m.__file__)')" \
         /opt/venv/bin/sm-horovod-rsh-agent; \
     { sm-horovod-rsh-agent 2>/dev/null || [ $? -eq 255 ]; }; \
+# Every rank of mpirun and torchrun starts through it (entrypoint/rank_shim.py): it registers
+# with its host's entry point, then execs the program; without arguments it exits 127 (usage).
+    install -m 0755 "$(python -c 'import entrypoint.rank_shim as m; print(m.__file__)')" \
+        /opt/venv/bin/sm-horovod-rank; \
+    { sm-horovod-rank 2>/dev/null || [ $? -eq 127 ]; }; \
+    [ "$(sm-horovod-rank echo ok)" = ok ]; \
     grep -q 'entrypoint.main' "$(command -v train)"; \
     python -c 'import entrypoint.main'; \
 # sshd (mpirun between hosts) must accept its configuration; a throwaway host key proves it.

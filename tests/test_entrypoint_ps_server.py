@@ -66,13 +66,13 @@ def test_a_bad_tf_config_exits_2_with_one_line():
 def test_planning_a_ps_job_loads_no_tensorflow():
     code = (
         "import sys\n"
-        "from entrypoint import launchers, main, supervise\n"
+        "from entrypoint import main, parts, supervise\n"
         "from entrypoint.plan import make_plan\n"
         "from tests.test_entrypoint_tf_config import parse\n"
         "hyperparameters = {'sagemaker_parameter_server_enabled': 'true', "
         "'sagemaker_program': 'a.py'}\n"
         "launch = make_plan(parse(hyperparameters), gpu_count=0).launch\n"
-        "launchers.local_part(launch, is_master=True)\n"
+        "parts.local_part(launch, is_master=True, host='algo-1')\n"
         "print(sorted(m for m in sys.modules if m.startswith(('tensorflow', 'entrypoint.ps_'))))\n"
     )
     result = subprocess.run(
