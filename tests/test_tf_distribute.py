@@ -114,6 +114,20 @@ def test_user_ps_script_ends_when_the_chief_ends(make_cluster, host_count):
     assert all(cluster.failure(host) is None for host in cluster.hosts)
 
 
+def test_a_tf2_strategy_script_without_the_switch_fails_at_once_naming_master(make_cluster):
+    cluster = make_cluster(
+        2, hyperparameters={**PS, "sagemaker_program": "ps_coordinator.py"}, code_dir=PROGRAMS
+    )
+    cluster.start()
+    assert wait(cluster, 180) == {"algo-1": 1, "algo-2": 1}, cluster.describe()
+    for host in cluster.hosts:
+        failure = cluster.failure(host)
+        assert failure.startswith(
+            "TrainingFailed: the program exited with code 1; last error: task master:0: "
+            "ValueError: Disallowed task type found in cluster spec."
+        ), failure
+
+
 def test_a_ps_task_failing_fails_every_host_naming_it(make_cluster):
     cluster = make_cluster(
         2,
