@@ -36,12 +36,19 @@ REMOTE_SHELLS = ("channel", "ssh")
 # Seconds the channel launch waits for every worker's orted to call back to mpirun (which has
 # no such deadline of its own); default 60 s + 1 s per host (plan.default_callback_timeout_s).
 ORTED_CALLBACK_TIMEOUT = "orted_callback_timeout"
+# Which processes run the user's script under parameter servers (plan.PsLayout): "toolkit" (the
+# default: AWS's TensorFlow containers' layout, the script once per host as master or worker,
+# the entry point's own ps server on every host) or "strategy" (TF2 ParameterServerStrategy's:
+# the script as the chief and as every worker and ps task).
+PS_LAYOUT = "parameter_server_layout"
+PS_LAYOUTS = ("toolkit", "strategy")
 ENTRYPOINT_HYPERPARAMETERS = (
     RANKS_PER_HOST,
     HOST_WAIT_TIMEOUT,
     SIGTERM_GRACE_SECONDS,
     MPI_REMOTE_SHELL,
     ORTED_CALLBACK_TIMEOUT,
+    PS_LAYOUT,
 )
 # The toolkit's own parameters (sagemaker_program, sagemaker_region, ...) share this prefix; the
 # names are the sagemaker-training toolkit's (sagemaker_training/params.py), which the SageMaker
@@ -211,6 +218,8 @@ class EntrypointSettings:
     remote_shell: str = "channel"
     # orted_callback_timeout; None: the default for the job's host count.
     orted_callback_timeout_s: float | None = None
+    # parameter_server_layout: one of PS_LAYOUTS (Backend.PARAMETER_SERVER only).
+    ps_layout: str = "toolkit"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -557,11 +566,12 @@ def parse_entrypoint_settings(hyperparameters: Mapping[str, Any]) -> EntrypointS
 
     _check_distribution_supported(hyperparameters)
     ranks = _requested_ranks_per_host(hyperparameters)
+    backend = choose_backend(hyperparameters, ranks)
     return EntrypointSettings(
         ranks_per_host=ranks,
         host_wait_timeout_s=seconds(HOST_WAIT_TIMEOUT, DEFAULT_HOST_WAIT_TIMEOUT_S),
         sigterm_grace_s=seconds(SIGTERM_GRACE_SECONDS, DEFAULT_SIGTERM_GRACE_S),
-        backend=choose_backend(hyperparameters, ranks),
+        backend=backend,
         custom_mpi_options=_custom_mpi_options(hyperparameters),
         log_level=(
             _log_level(hyperparameters[LOG_LEVEL_PARAM])
@@ -574,7 +584,23 @@ def parse_entrypoint_settings(hyperparameters: Mapping[str, Any]) -> EntrypointS
             if ORTED_CALLBACK_TIMEOUT in hyperparameters
             else None
         ),
+        ps_layout=_ps_layout(hyperparameters, backend),
     )
+
+
+def _ps_layout(hyperparameters: Mapping[str, Any], backend: Backend) -> str:
+    if PS_LAYOUT not in hyperparameters:
+        return PS_LAYOUTS[0]
+    value = hyperparameters[PS_LAYOUT]
+    text = hyperparameter_text(value).strip().lower()
+    if text not in PS_LAYOUTS:
+        raise ContractError(f"{PS_LAYOUT}={value!r}: expected one of {', '.join(PS_LAYOUTS)}")
+    if backend is not Backend.PARAMETER_SERVER:
+        raise ContractError(
+            f"{PS_LAYOUT}={text} applies to parameter servers only: set {PS_ENABLED_PARAM}=true "
+            f"or remove it"
+        )
+    return text
 
 
 def _remote_shell(value: Any) -> str:

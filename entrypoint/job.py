@@ -75,6 +75,9 @@ class JobShape:
     # heterogeneous cluster `hosts` are the distribution group's (the backend runs over them)
     # and the others are program hosts (the program once each: groups.py).
     job_hosts: tuple[str, ...] = ()
+    # Who runs the user's script under parameter servers (plan.PsLayout; Backend.PARAMETER_SERVER
+    # only): "toolkit" or "strategy".
+    ps_layout: str = "toolkit"
 
     @property
     def is_master(self) -> bool:

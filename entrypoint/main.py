@@ -29,7 +29,7 @@ from entrypoint.contract import (
 )
 from entrypoint.groups import describe_roles
 from entrypoint.job import format_command
-from entrypoint.plan import JobPlan, make_plan, require_channel
+from entrypoint.plan import JobPlan, launch_lines, make_plan, require_channel
 from smcommon.failure import Failure, Reason, record_failure
 from smcommon.names import (
     BUILTIN_PROGRAM_CHECK,
@@ -174,6 +174,8 @@ def run(env: Mapping[str, str], paths: ContractPaths) -> int:
     )
     if contract.is_hetero:
         log.info("instance groups: %s", describe_roles(contract, plan.roles))
+    for line in launch_lines(plan):
+        log.info("%s", line)
     job_key = prepare(contract, plan, env)
     stop = threading.Event()
     supervise.install_stop_handlers(stop)

@@ -10,6 +10,7 @@ every host runs itself (the program, torchrun, tf.distribute's tasks) are planne
 from __future__ import annotations
 
 import dataclasses
+import enum
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import ClassVar, assert_never
@@ -25,7 +26,7 @@ from entrypoint.contract import (
     UserScript,
     instance_group_environment,
 )
-from entrypoint.job import JobShape, VerdictRule
+from entrypoint.job import JobShape, VerdictRule, format_command
 from entrypoint.mpi.plan import MpiLaunch, RemoteShell, mpi_launch
 from entrypoint.ranks import RANK_SHIM, RANK_SOCKET_ENV, RANK_SOCKET_PATH
 from smcommon.names import BACKEND_ENV, JOB_SECRET_ENV, OLD_JOB_SECRET_ENV
@@ -33,6 +34,10 @@ from smcommon.names import BACKEND_ENV, JOB_SECRET_ENV, OLD_JOB_SECRET_ENV
 # TensorFlow's parameter-server guide: workers and ps fail an RPC at once when a peer is gone,
 # instead of retrying it forever.
 _PS_DEFAULTS = {"GRPC_FAIL_FAST": "use_caller"}
+
+# The entry point's parameter server (ps_server.py), run as a module: the entry point's own
+# process never imports TensorFlow.
+PS_SERVER_MODULE = "entrypoint.ps_server"
 
 # torchrun's static rendezvous: the master host's torchrun serves its TCPStore on this port.
 # torchrun's own default, and clear of every other port the entry point uses: 22 (sshd),
@@ -46,6 +51,17 @@ _HOROVOD_DEFAULTS = {
     "HOROVOD_STALL_CHECK_TIME_SECONDS": "60",
     "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "300",
 }
+
+
+class PsLayout(enum.Enum):
+    """Which processes run the user's script under parameter servers (the
+    `parameter_server_layout` hyperparameter; tf_config.py has both layouts)."""
+
+    # AWS's TensorFlow containers: the script once per host (master, workers), and on every host
+    # a ps server the entry point starts itself (ps_server.py). TF1 Estimators and custom loops.
+    TOOLKIT = "toolkit"
+    # TF2 ParameterServerStrategy: the script as the chief and as every worker and ps task.
+    STRATEGY = "strategy"
 
 
 # --------------------------------------------------------------------------------------------
@@ -181,23 +197,29 @@ def torchrun_launch(shape: JobShape, env: Mapping[str, str]) -> ProcessesLaunch:
 
 
 def tf_config_launch(shape: JobShape, env: Mapping[str, str]) -> ProcessesLaunch:
-    """tf.distribute's strategies: this host's tasks, each with its own TF_CONFIG."""
-    layout = _TF_LAYOUTS[shape.backend]
+    """tf.distribute's strategies: this host's tasks, each with its own TF_CONFIG; the user's
+    script, or for the tasks the layout serves itself, the entry point's ps server."""
+    layout = tf_layout(shape)
     tasks = host_tasks(shape)
     # One task per host (MWMS) needs no prefix: its lines are the host's.
     prefixed = len(tasks) > 1
     processes = tuple(
         HostProcess(
-            shape.program_argv,
+            ps_server_argv(shape) if task.type in layout.served else shape.program_argv,
             task_environment(env, shape, task),
-            shape.working_dir,
+            None if task.type in layout.served else shape.working_dir,
             task=task.name,
             prefix=f"[{task.name}] " if prefixed else "",
         )
         for task in tasks
     )
-    chief = next((task.name for task in tasks if task.type is tf_config.TaskType.CHIEF), None)
+    chief = next((task.name for task in tasks if task.type is layout.chief), None)
     return ProcessesLaunch(processes, layout.verdict, chief)
+
+
+def ps_server_argv(shape: JobShape) -> tuple[str, ...]:
+    """The entry point's parameter server (ps_server.py), under the program's interpreter."""
+    return (shape.python, "-m", PS_SERVER_MODULE)
 
 
 def make_plan(
@@ -246,6 +268,7 @@ def make_plan(
         remote_shell=RemoteShell(contract.settings.remote_shell).value,
         python=python,
         orted_callback_timeout_s=contract.settings.orted_callback_timeout_s,
+        ps_layout=PsLayout(contract.settings.ps_layout).value,
     )
     # The toolkit's SAGEMAKER_JOB_NAME, SAGEMAKER_REGION and SM_LOG_LEVEL reach the program.
     base = {**(env or {}), **contract.toolkit_environment}
@@ -404,33 +427,108 @@ def rank_environment(
 
 @dataclasses.dataclass(frozen=True)
 class _TfLayout:
-    """What tells tf.distribute's strategies apart here (tf_config.py has the layouts)."""
+    """What tells tf.distribute's layouts apart here (tf_config.py has the layouts)."""
 
     tasks: Callable[[tuple[str, ...], str], tuple[tf_config.Task, ...]]
     cluster: Callable[[tuple[str, ...]], dict[str, list[str]]]
     verdict: VerdictRule
     # Environment defaults for every task (the user's own values win).
     defaults: Mapping[str, str]
+    # The toolkit's line that says which setup the job runs.
+    setup_line: str
+    # The task type whose success ends the job (VerdictRule.CHIEF), if any.
+    chief: tf_config.TaskType | None = None
+    # Task types the entry point serves itself (ps_server.py) instead of the user's script.
+    served: frozenset[tf_config.TaskType] = frozenset()
+    # What the log says about who runs the script, where that is not obvious.
+    note: str = ""
 
 
-_TF_LAYOUTS: Mapping[Backend, _TfLayout] = {
-    Backend.MULTI_WORKER_MIRRORED: _TfLayout(
-        tf_config.mwms_tasks, tf_config.mwms_cluster, VerdictRule.EVERY_HOST, {}
+_MWMS_LAYOUT = _TfLayout(
+    tf_config.mwms_tasks,
+    tf_config.mwms_cluster,
+    VerdictRule.EVERY_HOST,
+    {},
+    tf_config.MWMS_SETUP_LINE,
+)
+# The master's script ends the job: the ps servers block in server.join() forever, and the
+# toolkit's workers wait for the master to go down (_wait_until_master_is_down).
+_TOOLKIT_PS_LAYOUT = _TfLayout(
+    tf_config.toolkit_ps_tasks,
+    tf_config.toolkit_ps_cluster,
+    VerdictRule.CHIEF,
+    _PS_DEFAULTS,
+    tf_config.PS_SETUP_LINE,
+    chief=tf_config.TaskType.MASTER,
+    served=frozenset({tf_config.TaskType.PS}),
+    note=(
+        "parameter_server_layout=toolkit: your script runs once per host (master on the first, "
+        "worker on the others) and the entry point runs every host's ps server, as AWS's "
+        "TensorFlow containers do; TF2 ParameterServerStrategy scripts need "
+        "parameter_server_layout=strategy"
     ),
-    # The chief's program ends the job: the worker and ps servers block in server.join()
-    # forever (tensorflow#25858).
-    Backend.PARAMETER_SERVER: _TfLayout(
-        tf_config.ps_tasks, tf_config.ps_cluster, VerdictRule.CHIEF, _PS_DEFAULTS
+)
+# The chief's program ends the job: the worker and ps servers block in server.join()
+# forever (tensorflow#25858).
+_STRATEGY_PS_LAYOUT = _TfLayout(
+    tf_config.ps_tasks,
+    tf_config.ps_cluster,
+    VerdictRule.CHIEF,
+    _PS_DEFAULTS,
+    tf_config.PS_SETUP_LINE,
+    chief=tf_config.TaskType.CHIEF,
+    note=(
+        "parameter_server_layout=strategy: your script runs as the chief and as every worker "
+        "and ps task (TF2 ParameterServerStrategy)"
     ),
-}
+)
+
+
+def tf_layout(plan: JobShape) -> _TfLayout:
+    """The tf.distribute layout of this job's backend (and parameter_server_layout)."""
+    match plan.backend:
+        case Backend.MULTI_WORKER_MIRRORED:
+            return _MWMS_LAYOUT
+        case Backend.PARAMETER_SERVER if PsLayout(plan.ps_layout) is PsLayout.STRATEGY:
+            return _STRATEGY_PS_LAYOUT
+        case Backend.PARAMETER_SERVER:
+            return _TOOLKIT_PS_LAYOUT
+    raise ValueError(f"backend {plan.backend.value} has no TF_CONFIG tasks")
 
 
 def host_tasks(plan: JobShape) -> tuple[tf_config.Task, ...]:
     """This host's tf.distribute tasks (tf_config.py has the layouts)."""
-    layout = _TF_LAYOUTS.get(plan.backend)
-    if layout is None:
-        raise ValueError(f"backend {plan.backend.value} has no TF_CONFIG tasks")
-    return layout.tasks(plan.hosts, plan.current_host)
+    return tf_layout(plan).tasks(plan.hosts, plan.current_host)
+
+
+def job_task_count(plan: JobShape) -> int:
+    """Every host's tf.distribute tasks together."""
+    tasks = tf_layout(plan).tasks
+    return sum(len(tasks(plan.hosts, host)) for host in plan.hosts)
+
+
+def summary_line(plan: JobPlan) -> str:
+    """The master's line before the job starts: what runs where, and the command. MPI counts
+    ranks; tf.distribute counts tasks (a ps job runs more processes than hosts)."""
+    command = format_command(list(plan.command))
+    if plan.backend in (Backend.MULTI_WORKER_MIRRORED, Backend.PARAMETER_SERVER):
+        return f"running {job_task_count(plan)} tasks on {len(plan.hosts)} hosts: {command}"
+    return f"running {plan.total_ranks} ranks on {len(plan.hosts)} hosts: {command}"
+
+
+def launch_lines(plan: JobPlan) -> tuple[str, ...]:
+    """What every host logs about its tf.distribute tasks before they start, as AWS's toolkit
+    does: the setup line, then each task's TF_CONFIG; () for other launches."""
+    if plan.backend not in (Backend.MULTI_WORKER_MIRRORED, Backend.PARAMETER_SERVER):
+        return ()
+    layout = tf_layout(plan)
+    lines = [layout.setup_line]
+    if layout.note:
+        lines.append(layout.note)
+    for task in host_tasks(plan):
+        value = tf_config.tf_config(layout.cluster(plan.hosts), task)
+        lines.append(tf_config.tf_config_line(task, value))
+    return tuple(lines)
 
 
 def task_environment(
@@ -438,7 +536,7 @@ def task_environment(
 ) -> dict[str, str]:
     """One task's environment: the program's (rank_environment), its TF_CONFIG (ours wins over
     one the user set: it describes this job's cluster), and the backend for the built-in model."""
-    layout = _TF_LAYOUTS[plan.backend]
+    layout = tf_layout(plan)
     env = dict(program_env)
     for name, value in layout.defaults.items():
         env.setdefault(name, value)

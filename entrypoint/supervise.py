@@ -35,7 +35,7 @@ from entrypoint.coordination import MasterChannel, WorkerChannel
 from entrypoint.job import VerdictRule, format_command
 from entrypoint.localpart import KILL_WAIT_S, Supervised
 from entrypoint.parts import local_part
-from entrypoint.plan import JobPlan
+from entrypoint.plan import JobPlan, summary_line
 from entrypoint.protocol import Exited, Verdict, host_verdict, suspect_peers
 from smcommon.failure import STOPPED_EXIT_CODE, Failure, Reason, record_failure
 from smcommon.names import MASTER_SILENCE_LINE, WORKER_SILENCE_LINE
@@ -392,12 +392,7 @@ def run_master(
                     clock=config.clock,
                 )
                 channel.start_workers()
-            log.info(
-                "running %d ranks on %d hosts: %s",
-                plan.total_ranks,
-                len(plan.hosts),
-                format_command(list(plan.command)),
-            )
+            log.info("%s", summary_line(plan))
             part.start()
             verdict = _supervise_master(plan, part, channel, config, stop)
         except JobError as error:

@@ -9,18 +9,26 @@ Layouts (hosts sorted, as the contract gives them; `algo-1` first):
 - MultiWorkerMirroredStrategy: one process per host, every host a `worker`, index = position in
   the sorted list. No `chief` entry: TensorFlow then treats worker 0 as the chief
   (multi_worker_util.is_chief), which is what AWS's TensorFlow toolkit and TF's tutorial do.
-- ParameterServerStrategy (TF2): one `chief` on the first host (the coordinator: it runs the
-  user's training loop), and on every host one `worker` and one `ps`, index = host position. TF2
-  accepts only `chief`, `worker`, `evaluator` and `ps` task types (ParameterServerStrategyV2
-  rejects the TF1 `master` that AWS's toolkit still writes) and needs at least one worker and one
-  ps. So the first host runs three processes (chief, worker 0, ps 0), the others two.
+- Parameter servers as AWS's TensorFlow toolkit runs them (the default; aws/sagemaker-tensorflow-
+  training-toolkit, src/sagemaker_tensorflow_container/training.py, `_build_tf_config_for_ps`):
+  the user's script once per host, as `master` 0 on the first host and `worker` (position - 1)
+  on the others; on every host a `ps` server (index = host position) that the entry point starts
+  itself and that never runs user code. Cluster: `master` the first host, `worker` the others,
+  `ps` every host; the script's tasks on port 2222, the ps servers on 2223. TF1 Estimators and
+  custom loops written for AWS's containers rely on exactly this.
+- ParameterServerStrategy (TF2, `parameter_server_layout=strategy`): one `chief` on the first
+  host (the coordinator: it runs the user's training loop), and on every host one `worker` and
+  one `ps`, index = host position, every one of them the user's script. TF2 accepts only
+  `chief`, `worker`, `evaluator` and `ps` task types (ParameterServerStrategyV2 rejects the TF1
+  `master` of the toolkit's layout) and needs at least one worker and one ps. So the first host
+  runs three processes (chief, worker 0, ps 0), the others two. A process of each task type
+  listens on its own port, so the three processes of the first host never collide: chief 2222
+  (TensorFlow's and Kubeflow's default), worker 2223, ps 2224.
 
-Ports: a process of each task type listens on its own port, so the three processes of the first
-host never collide: chief 2222 (TensorFlow's and Kubeflow's default), worker 2223, ps 2224. Not
-22 (sshd) nor 22000 (the coordination channel). Addresses are host names: on SageMaker they
-resolve to the address of the contract's network interface (`network_interface_name`), which
-is also where collectives go (NCCL_SOCKET_IFNAME is set to it, as for Horovod); gRPC servers
-listen on every interface.
+Ports are never 22 (sshd) nor 22000 (the coordination channel). Addresses are host names: on
+SageMaker they resolve to the address of the contract's network interface
+(`network_interface_name`), which is also where collectives go (NCCL_SOCKET_IFNAME is set to
+it, as for Horovod); gRPC servers listen on every interface.
 """
 
 from __future__ import annotations
@@ -31,10 +39,15 @@ import json
 from collections.abc import Mapping
 
 TF_CONFIG_ENV = "TF_CONFIG"
+# AWS's toolkit's setup lines (training.py, train()): its tests look for them, users paste them.
+MWMS_SETUP_LINE = "Running distributed training job with multi_worker_mirrored_strategy setup"
+PS_SETUP_LINE = "Running distributed training job with parameter servers"
 
 
 class TaskType(enum.Enum):
     CHIEF = "chief"
+    # TF1's chief, in the toolkit's parameter-server layout (TF1 Estimators treat it as chief).
+    MASTER = "master"
     WORKER = "worker"
     PS = "ps"
 
@@ -48,12 +61,20 @@ class Ports:
     ps: int = 2224
 
     def of(self, task_type: TaskType) -> int:
-        return {TaskType.CHIEF: self.chief, TaskType.WORKER: self.worker, TaskType.PS: self.ps}[
-            task_type
-        ]
+        ports = {
+            TaskType.CHIEF: self.chief,
+            TaskType.MASTER: self.chief,
+            TaskType.WORKER: self.worker,
+            TaskType.PS: self.ps,
+        }
+        return ports[task_type]
 
 
 DEFAULT_PORTS = Ports()
+# The toolkit's parameter-server ports: its host_addresses() default for master and worker, and
+# "2223" for ps (training.py, _build_tf_config_for_ps).
+TOOLKIT_SCRIPT_PORT = 2222
+TOOLKIT_PS_PORT = 2223
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,6 +109,18 @@ def ps_cluster(hosts: tuple[str, ...], ports: Ports = DEFAULT_PORTS) -> dict[str
     }
 
 
+def toolkit_ps_cluster(hosts: tuple[str, ...]) -> dict[str, list[str]]:
+    """The toolkit's cluster: `master` the first host, `worker` the others (absent on one host,
+    as there), `ps` every host."""
+    cluster = {
+        TaskType.MASTER.value: [f"{hosts[0]}:{TOOLKIT_SCRIPT_PORT}"],
+        TaskType.PS.value: [f"{host}:{TOOLKIT_PS_PORT}" for host in hosts],
+    }
+    if hosts[1:]:
+        cluster[TaskType.WORKER.value] = [f"{host}:{TOOLKIT_SCRIPT_PORT}" for host in hosts[1:]]
+    return cluster
+
+
 def mwms_tasks(hosts: tuple[str, ...], current_host: str) -> tuple[Task, ...]:
     """This host's processes under MultiWorkerMirroredStrategy: its one worker."""
     return (Task(TaskType.WORKER, hosts.index(current_host), current_host),)
@@ -105,12 +138,32 @@ def ps_tasks(hosts: tuple[str, ...], current_host: str) -> tuple[Task, ...]:
     )
 
 
+def toolkit_ps_tasks(hosts: tuple[str, ...], current_host: str) -> tuple[Task, ...]:
+    """This host's processes in the toolkit's parameter-server layout: the user's script
+    (`master:0` on the first host, else `worker:<position - 1>`), then its ps server."""
+    index = hosts.index(current_host)
+    script = (
+        Task(TaskType.MASTER, 0, current_host)
+        if index == 0
+        else Task(TaskType.WORKER, index - 1, current_host)
+    )
+    return (script, Task(TaskType.PS, index, current_host))
+
+
 def tf_config(cluster: Mapping[str, list[str]], task: Task) -> str:
-    """The TF_CONFIG value of one process: compact JSON with sorted keys (deterministic).
-    `environment: cloud` as AWS's toolkit and Kubeflow write it (TF1 Estimators read it)."""
+    """The TF_CONFIG value of one process: JSON with sorted keys (deterministic), which is
+    byte for byte what the toolkit's `json.dumps(tf_config)` writes for the same cluster and
+    task (its dicts are built in that order). `environment: cloud` as AWS's toolkit and
+    Kubeflow write it (TF1 Estimators read it: `master` is then the chief)."""
     value = {
         "cluster": dict(cluster),
         "environment": "cloud",
         "task": {"type": task.type.value, "index": task.index},
     }
-    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+    return json.dumps(value, sort_keys=True)
+
+
+def tf_config_line(task: Task, value: str) -> str:
+    """How the entry point logs a task's TF_CONFIG: the toolkit's `TF_CONFIG=<value>` (from its
+    list of the script's environment variables), after the task's name."""
+    return f"task {task.name}: {TF_CONFIG_ENV}={value}"

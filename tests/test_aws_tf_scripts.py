@@ -7,8 +7,12 @@ Every test asserts contract outcomes only: exit codes, the failure file, log lin
 
 from __future__ import annotations
 
+import contextlib
 import re
+import subprocess
 import tarfile
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,6 +26,7 @@ from tests.test_sdk_local import (  # the SDK tests' fixtures, shared
     outside_connections,
     sdk_environment,  # noqa: F401
 )
+from tests.test_tf_distribute import PS_SETUP_LINE, make_mnist_npy, tf_configs
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(300)]
 
@@ -169,11 +174,14 @@ def test_a_wrong_bucket_fails_in_one_line_naming_it(s3_cluster):
 
 
 def test_estimator_with_parameter_servers_writes_its_shards_to_s3(s3_cluster):
+    # TF2's layout: the script itself runs every task, ps included (the SDK test below runs
+    # the same script in the toolkit's layout).
     cluster, s3 = s3_cluster(
         2,
         hyperparameters={
             "sagemaker_program": "estimator_ps.py",
             "sagemaker_parameter_server_enabled": "true",
+            "parameter_server_layout": "strategy",
             "host_wait_timeout": "60",
             "model_dir": "s3://models/estimator",
         },
@@ -240,3 +248,155 @@ def test_the_sdk_launches_the_tutorial_with_the_data_parallel_distribution(
     model_tar = next(output.rglob("model.tar.gz"))
     with tarfile.open(model_tar) as archive:
         assert "1/saved_model.pb" in archive.getnames()
+
+
+# --- Parameter servers through the SDK, with an s3:// model_dir (AWS's own PS tests' shape)
+
+# The network the SDK's local mode puts every host on (sagemaker/local/image.py).
+SDK_NETWORK = "sagemaker-local"
+AWS_PS_DIR = PROGRAMS / "aws_ps"
+PROGRAMS_DIR = PROGRAMS
+# The moto server's settings; the SDK sets the (fake) credentials and AWS_REGION itself, and
+# docker-compose refuses a variable given twice.
+SDK_S3_ENV = {
+    name: value
+    for name, value in CLIENT_ENV.items()
+    if name not in {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_REGION"}
+}
+
+
+@contextlib.contextmanager
+def sdk_s3(docker: str, image: str) -> Iterator[S3Server]:
+    """A moto server on the SDK's network, as `s3`, with a `models` bucket. The network is
+    made first where it does not exist yet (docker-compose then uses it, as it would its own)."""
+    inspect = subprocess.run(
+        [docker, "network", "inspect", SDK_NETWORK], capture_output=True, check=False
+    )
+    if inspect.returncode != 0:
+        subprocess.run([docker, "network", "create", SDK_NETWORK], capture_output=True, check=True)
+    server = S3Server(docker, image, SDK_NETWORK, f"sm-test-s3-{uuid.uuid4().hex[:8]}")
+    try:
+        server.start()
+        server.create_bucket("models")
+        yield server
+    finally:
+        server.remove()
+
+
+def _fit_with_parameter_servers(
+    image, tmp_path, capfd, *, entry_point, source_dir, model_dir, hyperparameters, inputs=None
+) -> str:
+    """fit() on 2 local hosts with distribution={"parameter_server": {"enabled": True}} and
+    the moto server's settings in every container; returns the job's log."""
+    from sagemaker.tensorflow import TensorFlow  # noqa: PLC0415 - after the fake credentials
+
+    output = tmp_path / "output"
+    output.mkdir()
+    with outside_connections() as attempts:
+        estimator = TensorFlow(
+            entry_point=entry_point,
+            source_dir=str(source_dir),
+            image_uri=image,
+            role=FAKE_ROLE,
+            instance_count=2,
+            instance_type="local",
+            framework_version="2.14",
+            py_version="py310",
+            distribution={"parameter_server": {"enabled": True}},
+            model_dir=model_dir,
+            hyperparameters={"host_wait_timeout": 60, **hyperparameters},
+            environment=SDK_S3_ENV,
+            output_path=f"file://{output}",
+            sagemaker_session=local_session(tmp_path / "sdk"),
+        )
+        estimator.fit(inputs, wait=True)
+    logs = capfd.readouterr().out
+    (tmp_path / "sdk.log").write_text(logs)
+    assert attempts == [], f"the SDK tried to reach outside this machine: {attempts}"
+    return logs
+
+
+# docker-compose's prefix of a container's line: colour codes, the container's name (the SDK's
+# random prefix, then the host), " | ".
+_COMPOSE_LINE = re.compile(r"^(?:\x1b\[[0-9;]*m)*\S*?(algo-\d+-\w+)\s*\|(?:\x1b\[0m)? ?(.*)$")
+
+
+def sdk_host_logs(logs: str) -> dict[str, str]:
+    """Each SDK host's lines, by host name."""
+    hosts: dict[str, list[str]] = {}
+    for line in logs.splitlines():
+        match = _COMPOSE_LINE.match(line)
+        if match:
+            hosts.setdefault(match[1], []).append(match[2])
+    return {host: "\n".join(lines) for host, lines in sorted(hosts.items())}
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.usefixtures("sdk_environment", "container_root")
+def test_the_sdk_runs_aws_custom_loop_script_with_parameter_servers(docker, image, tmp_path, capfd):
+    data = make_mnist_npy(tmp_path / "training")
+    with sdk_s3(docker, image) as s3:
+        logs = _fit_with_parameter_servers(
+            image, tmp_path, capfd,
+            entry_point="mnist_custom.py", source_dir=AWS_PS_DIR,
+            model_dir="s3://models/custom", hyperparameters={"epochs": 2},
+            inputs={"training": f"file://{data}"},
+        )  # fmt: skip
+        keys = s3.keys("models", "custom/")
+    done = r"CUSTOM_DONE latest=s3://models/custom/model\.ckpt-2\b"
+    assert re.search(done, logs), logs[-4000:]
+    assert "custom/checkpoint" in keys, keys
+    assert "custom/model.ckpt-2.index" in keys, keys
+    assert "custom/model.ckpt-2.data-00000-of-00001" in keys, keys
+    # The toolkit's log: its setup line and every task's TF_CONFIG, on each host.
+    host_logs = sdk_host_logs(logs)
+    hosts = list(host_logs)
+    assert len(hosts) == 2, hosts
+    names = [sorted(tf_configs(log)) for log in host_logs.values()]
+    assert names == [["master:0", "ps:0"], ["ps:1", "worker:0"]], names
+    for log in host_logs.values():
+        assert PS_SETUP_LINE in log
+        for config in tf_configs(log).values():
+            assert config["cluster"] == {
+                "master": [f"{hosts[0]}:2222"],
+                "ps": [f"{hosts[0]}:2223", f"{hosts[1]}:2223"],
+                "worker": [f"{hosts[1]}:2222"],
+            }
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.usefixtures("sdk_environment", "container_root")
+def test_the_sdk_runs_an_estimator_script_with_parameter_servers(docker, image, tmp_path, capfd):
+    with sdk_s3(docker, image) as s3:
+        logs = _fit_with_parameter_servers(
+            image, tmp_path, capfd,
+            entry_point="estimator_ps.py", source_dir=S3_DIR,
+            model_dir="s3://models/estimator", hyperparameters={},
+        )  # fmt: skip
+        keys = s3.keys("models", "estimator/")
+    done = re.search(r"ESTIMATOR_S3_DONE latest=(s3://models/estimator/model\.ckpt-(\d+)) ", logs)
+    assert done, logs[-4000:]
+    assert "ESTIMATOR_TASK master:0" in logs and "ESTIMATOR_TASK worker:0" in logs, logs[-4000:]
+    # Not the script: the entry point's own servers.
+    assert "ESTIMATOR_TASK ps:" not in logs, logs[-4000:]
+    step = done[2]
+    # Two parameter servers (one per host, the entry point's): each wrote its shard.
+    assert f"estimator/model.ckpt-{step}.data-00000-of-00002" in keys, keys
+    assert f"estimator/model.ckpt-{step}.data-00001-of-00002" in keys, keys
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.usefixtures("sdk_environment", "container_root")
+def test_the_sdk_runs_a_tf2_parameter_server_strategy_script_with_the_switch(
+    docker, image, tmp_path, capfd
+):
+    with sdk_s3(docker, image):
+        logs = _fit_with_parameter_servers(
+            image, tmp_path, capfd,
+            entry_point="ps_coordinator.py", source_dir=PROGRAMS_DIR,
+            model_dir="s3://models/coordinator",
+            hyperparameters={"parameter_server_layout": "strategy"},
+        )  # fmt: skip
+    assert "[chief:0] PS_DONE total=20 workers=2" in logs, logs[-4000:]
+    assert PS_SETUP_LINE in logs
+    assert "running 5 tasks on 2 hosts: python ps_coordinator.py" in logs, logs[-4000:]

@@ -253,6 +253,7 @@ def test_processes_per_host_overrides_the_gpu_count():
 MWMS = "sagemaker_multi_worker_mirrored_strategy_enabled"
 PS = "sagemaker_parameter_server_enabled"
 TORCH = "sagemaker_torch_distributed_enabled"
+PS_LAYOUT = "parameter_server_layout"
 SCRIPT = {"sagemaker_program": "train.py", "epochs": "2"}
 PROGRAM = ("python", "train.py", "--epochs", "2")
 
@@ -273,9 +274,15 @@ PROGRAM = ("python", "train.py", "--epochs", "2")
          (ProcessesLaunch, False, False, True, True, VerdictRule.EVERY_HOST, 1, None,
           (("worker:1", ""),))),
         ({PS: "true"}, "algo-1",
+         (ProcessesLaunch, False, False, True, True, VerdictRule.CHIEF, 1, "master:0",
+          (("master:0", "[master:0] "), ("ps:0", "[ps:0] ")))),
+        ({PS: "true"}, "algo-2",
+         (ProcessesLaunch, False, False, True, True, VerdictRule.CHIEF, 1, None,
+          (("worker:0", "[worker:0] "), ("ps:1", "[ps:1] ")))),
+        ({PS: "true", PS_LAYOUT: "strategy"}, "algo-1",
          (ProcessesLaunch, False, False, True, True, VerdictRule.CHIEF, 1, "chief:0",
           (("chief:0", "[chief:0] "), ("worker:0", "[worker:0] "), ("ps:0", "[ps:0] ")))),
-        ({PS: "true"}, "algo-2",
+        ({PS: "true", PS_LAYOUT: "strategy"}, "algo-2",
          (ProcessesLaunch, False, False, True, True, VerdictRule.CHIEF, 1, None,
           (("worker:1", "[worker:1] "), ("ps:1", "[ps:1] ")))),
         ({TORCH: "true"}, "algo-2",
@@ -284,7 +291,7 @@ PROGRAM = ("python", "train.py", "--epochs", "2")
     ],
     ids=[
         "mpi-ssh", "mpi-channel", "per-host", "mwms", "ps-master", "ps-worker",
-        "torch-distributed",
+        "ps-strategy-chief", "ps-strategy-worker", "torch-distributed",
     ],
 )  # fmt: skip
 def test_make_plan_chooses_one_launch_per_backend(hyperparameters, current, expected):
@@ -322,8 +329,14 @@ def test_make_plan_chooses_one_launch_per_backend(hyperparameters, current, expe
     assert launch.chief_task == chief
     assert tuple((process.task, process.prefix) for process in launch.processes) == processes
     for process in launch.processes:
-        assert process.argv == program
-        assert process.working_dir == Path("/opt/ml/code")
+        toolkit_ps = PS in hyperparameters and PS_LAYOUT not in hyperparameters
+        if toolkit_ps and str(process.task).startswith("ps:"):
+            # The toolkit's layout: the entry point's own ps server, never the user's code.
+            assert process.argv == ("python", "-m", "entrypoint.ps_server")
+            assert process.working_dir is None
+        else:
+            assert process.argv == program
+            assert process.working_dir == Path("/opt/ml/code")
         if process.task is not None:
             assert json.loads(process.env["TF_CONFIG"])["task"]["type"] in process.task
             assert process.env["SM_HVD_BACKEND"] == plan.backend.value

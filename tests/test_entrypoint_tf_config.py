@@ -20,7 +20,9 @@ from entrypoint.plan import (
     BACKEND_ENV,
     ProcessesLaunch,
     host_tasks,
+    launch_lines,
     make_plan,
+    summary_line,
     task_environment,
 )
 from entrypoint.protocol import Exited, Verdict, chief_verdict
@@ -33,12 +35,16 @@ from entrypoint.tf_config import (
     ps_cluster,
     ps_tasks,
     tf_config,
+    tf_config_line,
+    toolkit_ps_cluster,
+    toolkit_ps_tasks,
 )
 from smcommon.failure import STOPPED_EXIT_CODE, Failure, Reason
 
 HOSTS = ("algo-1", "algo-2", "algo-3")
 MWMS = "sagemaker_multi_worker_mirrored_strategy_enabled"
 PS = "sagemaker_parameter_server_enabled"
+PS_LAYOUT = "parameter_server_layout"
 HYPERPARAMETERS_FILE = Path("/opt/ml/input/config/hyperparameters.json")
 SSHD_CONFIG = Path(__file__).resolve().parent.parent / "docker" / "sshd_config"
 
@@ -61,32 +67,116 @@ def parse(hyperparameters, hosts=HOSTS, current="algo-1", env=None):
 def test_mwms_tf_config_is_exact():
     cluster = mwms_cluster(HOSTS)
     assert [tf_config(cluster, task) for host in HOSTS for task in mwms_tasks(HOSTS, host)] == [
-        '{"cluster":{"worker":["algo-1:2223","algo-2:2223","algo-3:2223"]},'
-        '"environment":"cloud","task":{"index":0,"type":"worker"}}',
-        '{"cluster":{"worker":["algo-1:2223","algo-2:2223","algo-3:2223"]},'
-        '"environment":"cloud","task":{"index":1,"type":"worker"}}',
-        '{"cluster":{"worker":["algo-1:2223","algo-2:2223","algo-3:2223"]},'
-        '"environment":"cloud","task":{"index":2,"type":"worker"}}',
+        '{"cluster": {"worker": ["algo-1:2223", "algo-2:2223", "algo-3:2223"]}, '
+        '"environment": "cloud", "task": {"index": 0, "type": "worker"}}',
+        '{"cluster": {"worker": ["algo-1:2223", "algo-2:2223", "algo-3:2223"]}, '
+        '"environment": "cloud", "task": {"index": 1, "type": "worker"}}',
+        '{"cluster": {"worker": ["algo-1:2223", "algo-2:2223", "algo-3:2223"]}, '
+        '"environment": "cloud", "task": {"index": 2, "type": "worker"}}',
     ]
 
 
 def test_ps_tf_config_is_exact_and_in_the_tf2_shape():
     cluster = ps_cluster(HOSTS[:2])
     spec = (
-        '{"cluster":{"chief":["algo-1:2222"],"ps":["algo-1:2224","algo-2:2224"],'
-        '"worker":["algo-1:2223","algo-2:2223"]},"environment":"cloud",'
+        '{"cluster": {"chief": ["algo-1:2222"], "ps": ["algo-1:2224", "algo-2:2224"], '
+        '"worker": ["algo-1:2223", "algo-2:2223"]}, "environment": "cloud", '
     )
     assert [tf_config(cluster, task) for task in ps_tasks(HOSTS[:2], "algo-1")] == [
-        spec + '"task":{"index":0,"type":"chief"}}',
-        spec + '"task":{"index":0,"type":"worker"}}',
-        spec + '"task":{"index":0,"type":"ps"}}',
+        spec + '"task": {"index": 0, "type": "chief"}}',
+        spec + '"task": {"index": 0, "type": "worker"}}',
+        spec + '"task": {"index": 0, "type": "ps"}}',
     ]
     assert [tf_config(cluster, task) for task in ps_tasks(HOSTS[:2], "algo-2")] == [
-        spec + '"task":{"index":1,"type":"worker"}}',
-        spec + '"task":{"index":1,"type":"ps"}}',
+        spec + '"task": {"index": 1, "type": "worker"}}',
+        spec + '"task": {"index": 1, "type": "ps"}}',
     ]
     # TF2's ParameterServerStrategy accepts only these task types (no TF1 "master").
     assert set(cluster) <= {"chief", "worker", "evaluator", "ps"}
+
+
+def _toolkit_tf_config(hosts, current_host, ps_task=False):
+    """AWS's toolkit's _build_tf_config_for_ps (sagemaker-tensorflow-training-toolkit
+    18813ea, src/sagemaker_tensorflow_container/training.py), copied: our values must be
+    byte for byte what it dumps."""
+    masters = hosts[:1]
+    workers = hosts[1:]
+    ps = hosts if len(hosts) > 1 else None
+
+    def host_addresses(hosts, port=2222):
+        return ["{}:{}".format(host, port) for host in hosts]  # noqa: UP032 - copied
+
+    config = {"cluster": {"master": host_addresses(masters)}, "environment": "cloud"}
+    if ps:
+        config["cluster"]["ps"] = host_addresses(ps, port="2223")
+    if workers:
+        config["cluster"]["worker"] = host_addresses(workers)
+    if ps_task:
+        task_type, task_index = "ps", ps.index(current_host)
+    elif current_host == hosts[0]:
+        task_type, task_index = "master", 0
+    else:
+        task_type, task_index = "worker", workers.index(current_host)
+    config["task"] = {"index": task_index, "type": task_type}
+    return config
+
+
+def test_toolkit_ps_tf_config_is_exact():
+    cluster = toolkit_ps_cluster(HOSTS)
+    spec = (
+        '{"cluster": {"master": ["algo-1:2222"], '
+        '"ps": ["algo-1:2223", "algo-2:2223", "algo-3:2223"], '
+        '"worker": ["algo-2:2222", "algo-3:2222"]}, "environment": "cloud", '
+    )
+    tasks = [task for host in HOSTS for task in toolkit_ps_tasks(HOSTS, host)]
+    assert [tf_config(cluster, task) for task in tasks] == [
+        spec + '"task": {"index": 0, "type": "master"}}',
+        spec + '"task": {"index": 0, "type": "ps"}}',
+        spec + '"task": {"index": 0, "type": "worker"}}',
+        spec + '"task": {"index": 1, "type": "ps"}}',
+        spec + '"task": {"index": 1, "type": "worker"}}',
+        spec + '"task": {"index": 2, "type": "ps"}}',
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("hosts", [HOSTS[:2], HOSTS, tuple(f"algo-{i}" for i in range(1, 9))])
+def test_toolkit_ps_tf_config_is_the_toolkits_json(hosts):
+    cluster = toolkit_ps_cluster(hosts)
+    for host in hosts:
+        script, ps = toolkit_ps_tasks(hosts, host)
+        assert tf_config(cluster, script) == json.dumps(_toolkit_tf_config(list(hosts), host))
+        assert tf_config(cluster, ps) == json.dumps(
+            _toolkit_tf_config(list(hosts), host, ps_task=True)
+        )
+
+
+def test_toolkit_ps_tasks():
+    assert toolkit_ps_tasks(HOSTS, "algo-1") == (
+        Task(TaskType.MASTER, 0, "algo-1"),
+        Task(TaskType.PS, 0, "algo-1"),
+    )
+    assert toolkit_ps_tasks(HOSTS, "algo-3") == (
+        Task(TaskType.WORKER, 1, "algo-3"),
+        Task(TaskType.PS, 2, "algo-3"),
+    )
+    assert toolkit_ps_cluster(("algo-1",)) == {"master": ["algo-1:2222"], "ps": ["algo-1:2223"]}
+
+
+def test_mwms_tf_config_is_the_toolkits_json_but_for_the_port():
+    # The toolkit's _build_tf_config_for_mwms, with our port (2223) for its 8890.
+    for index, host in enumerate(HOSTS):
+        expected = {
+            "cluster": {"worker": [f"{h}:2223" for h in HOSTS]},
+            "environment": "cloud",
+            "task": {"index": index, "type": "worker"},
+        }
+        (task,) = mwms_tasks(HOSTS, host)
+        assert tf_config(mwms_cluster(HOSTS), task) == json.dumps(expected)
+
+
+def test_tf_config_line():
+    task = Task(TaskType.PS, 1, "algo-2")
+    assert tf_config_line(task, '{"a": 1}') == 'task ps:1: TF_CONFIG={"a": 1}'
 
 
 def _sshd_port() -> int:
@@ -98,7 +188,9 @@ def _sshd_port() -> int:
     return 22
 
 
-@pytest.mark.parametrize("cluster", [mwms_cluster(HOSTS), ps_cluster(HOSTS)])
+@pytest.mark.parametrize(
+    "cluster", [mwms_cluster(HOSTS), ps_cluster(HOSTS), toolkit_ps_cluster(HOSTS)]
+)
 def test_ports_avoid_ssh_and_the_channel_and_each_other(cluster):
     ports = [
         int(address.rpartition(":")[2]) for addresses in cluster.values() for address in addresses
@@ -106,12 +198,12 @@ def test_ports_avoid_ssh_and_the_channel_and_each_other(cluster):
     taken = {_sshd_port(), CHANNEL_PORT}
     assert not taken & set(ports)
     # Tasks sharing a host (ps: chief, worker and ps on algo-1) each have a port of their own.
-    per_type = {
-        task_type: {address.rpartition(":")[2] for address in addresses}
-        for task_type, addresses in cluster.items()
-    }
-    assert all(len(used) == 1 for used in per_type.values())
-    assert len({port for used in per_type.values() for port in used}) == len(per_type)
+    for host in HOSTS:
+        on_host = [
+            address for addresses in cluster.values() for address in addresses
+            if address.startswith(f"{host}:")
+        ]  # fmt: skip
+        assert len(set(on_host)) == len(on_host), on_host
 
 
 def test_task_names():
@@ -201,7 +293,8 @@ def test_mwms_plan_runs_one_process_per_host_even_with_gpus():
 
 def test_task_environment():
     plan = make_plan(
-        parse({PS: "true", "sagemaker_program": "ps.py"}, hosts=HOSTS[:2]), gpu_count=0
+        parse({PS: "true", "sagemaker_program": "ps.py", PS_LAYOUT: "strategy"}, hosts=HOSTS[:2]),
+        gpu_count=0,
     )
     chief, worker, ps = host_tasks(plan)
     base = {"PATH": "/usr/bin", "TF_CONFIG": "stale", "GRPC_FAIL_FAST": "false"}
@@ -217,6 +310,122 @@ def test_task_environment():
     assert "GRPC_FAIL_FAST" not in mwms_env
     assert mwms_env[BACKEND_ENV] == "multi_worker_mirrored"
     assert chief.type is TaskType.CHIEF
+
+
+def test_toolkit_task_environment_is_the_toolkits():
+    plan = make_plan(
+        parse({PS: "true", "sagemaker_program": "ps.py"}, hosts=HOSTS[:2], current="algo-2"),
+        gpu_count=0,
+    )
+    worker, ps = host_tasks(plan)
+    spec = (
+        '{"cluster": {"master": ["algo-1:2222"], "ps": ["algo-1:2223", "algo-2:2223"], '
+        '"worker": ["algo-2:2222"]}, "environment": "cloud", '
+    )
+    assert task_environment({}, plan, worker)["TF_CONFIG"] == (
+        spec + '"task": {"index": 0, "type": "worker"}}'
+    )
+    assert task_environment({}, plan, ps)["TF_CONFIG"] == (
+        spec + '"task": {"index": 1, "type": "ps"}}'
+    )
+    assert task_environment({}, plan, ps)["GRPC_FAIL_FAST"] == "use_caller"
+
+
+def test_the_toolkit_layout_runs_the_script_once_per_host_and_serves_ps_itself():
+    hyperparameters = {PS: "true", "sagemaker_program": "ps.py", "epochs": "2"}
+    master = make_plan(parse(hyperparameters, hosts=HOSTS[:2]), gpu_count=0, python="python3")
+    launch = master.launch
+    assert isinstance(launch, ProcessesLaunch)
+    assert [(p.task, p.argv, p.working_dir, p.prefix) for p in launch.processes] == [
+        ("master:0", ("python3", "ps.py", "--epochs", "2"), Path("/opt/ml/code"), "[master:0] "),
+        ("ps:0", ("python3", "-m", "entrypoint.ps_server"), None, "[ps:0] "),
+    ]
+    assert (launch.verdict, launch.chief_task) == (VerdictRule.CHIEF, "master:0")
+    assert master.command == ("python3", "ps.py", "--epochs", "2")
+    worker = make_plan(parse(hyperparameters, hosts=HOSTS[:2], current="algo-2"), gpu_count=0)
+    assert [p.task for p in worker.launch.processes] == ["worker:0", "ps:1"]
+    assert worker.launch.chief_task is None
+
+
+def test_the_summary_line_counts_tasks_for_strategies():
+    script = {"sagemaker_program": "ps.py"}
+    lines = {
+        name: summary_line(make_plan(parse({**script, **hyperparameters}), gpu_count=0))
+        for name, hyperparameters in {
+            "toolkit": {PS: "true"},
+            "strategy": {PS: "true", PS_LAYOUT: "strategy"},
+            "mwms": {MWMS: "true"},
+            "mpi": {"sagemaker_mpi_num_of_processes_per_host": "2"},
+        }.items()
+    }
+    assert lines == {
+        "toolkit": "running 6 tasks on 3 hosts: python ps.py",
+        "strategy": "running 7 tasks on 3 hosts: python ps.py",
+        "mwms": "running 3 tasks on 3 hosts: python ps.py",
+        "mpi": lines["mpi"],
+    }
+    assert lines["mpi"].startswith("running 6 ranks on 3 hosts: mpirun ")
+
+
+def test_launch_lines_are_the_toolkits():
+    script = {"sagemaker_program": "ps.py"}
+    toolkit = make_plan(parse({**script, PS: "true"}, current="algo-3"), gpu_count=0)
+    spec = (
+        '{"cluster": {"master": ["algo-1:2222"], '
+        '"ps": ["algo-1:2223", "algo-2:2223", "algo-3:2223"], '
+        '"worker": ["algo-2:2222", "algo-3:2222"]}, "environment": "cloud", '
+    )
+    assert launch_lines(toolkit) == (
+        "Running distributed training job with parameter servers",
+        "parameter_server_layout=toolkit: your script runs once per host (master on the first, "
+        "worker on the others) and the entry point runs every host's ps server, as AWS's "
+        "TensorFlow containers do; TF2 ParameterServerStrategy scripts need "
+        "parameter_server_layout=strategy",
+        "task worker:1: TF_CONFIG=" + spec + '"task": {"index": 1, "type": "worker"}}',
+        "task ps:2: TF_CONFIG=" + spec + '"task": {"index": 2, "type": "ps"}}',
+    )
+    strategy = make_plan(
+        parse({**script, PS: "true", PS_LAYOUT: "strategy"}, current="algo-2"), gpu_count=0
+    )
+    assert launch_lines(strategy)[:2] == (
+        "Running distributed training job with parameter servers",
+        "parameter_server_layout=strategy: your script runs as the chief and as every worker "
+        "and ps task (TF2 ParameterServerStrategy)",
+    )
+    assert [line.split(": TF_CONFIG=")[0] for line in launch_lines(strategy)[2:]] == [
+        "task worker:1",
+        "task ps:1",
+    ]
+    mwms = make_plan(parse({MWMS: "true"}), gpu_count=0)
+    assert launch_lines(mwms) == (
+        "Running distributed training job with multi_worker_mirrored_strategy setup",
+        'task worker:0: TF_CONFIG={"cluster": {"worker": ["algo-1:2223", "algo-2:2223", '
+        '"algo-3:2223"]}, "environment": "cloud", "task": {"index": 0, "type": "worker"}}',
+    )
+    assert launch_lines(make_plan(parse({}), gpu_count=0)) == ()
+
+
+@pytest.mark.parametrize(
+    ("hyperparameters", "message"),
+    [
+        ({PS: "true", PS_LAYOUT: "tf2"},
+         "parameter_server_layout='tf2': expected one of toolkit, strategy"),
+        ({MWMS: "true", PS_LAYOUT: "strategy"},
+         "parameter_server_layout=strategy applies to parameter servers only: set "
+         "sagemaker_parameter_server_enabled=true or remove it"),
+    ],
+)  # fmt: skip
+def test_bad_parameter_server_layouts_are_one_line(hyperparameters, message):
+    with pytest.raises(ContractError) as raised:
+        parse({"sagemaker_program": "ps.py", **hyperparameters})
+    assert str(raised.value) == f"{HYPERPARAMETERS_FILE}: {message}"
+
+
+def test_the_layout_switch_is_the_entry_points_not_the_scripts():
+    contract = parse({"sagemaker_program": "ps.py", PS: "true", PS_LAYOUT: " Strategy "})
+    assert contract.settings.ps_layout == "strategy"
+    assert PS_LAYOUT not in contract.program_hyperparameters
+    assert parse({"sagemaker_program": "ps.py", PS: "true"}).settings.ps_layout == "toolkit"
 
 
 # --------------------------------------------------------------------------------------------

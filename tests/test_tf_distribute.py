@@ -1,5 +1,6 @@
 """tf.distribute over TF_CONFIG in real containers: MultiWorkerMirroredStrategy (built-in model
-and a user's script) and TF2 parameter servers, with the same fail-fast contract as Horovod.
+and a user's script) and parameter servers (AWS's toolkit's layout, and TF2's with
+parameter_server_layout=strategy), with the same fail-fast contract as Horovod.
 
 Every test asserts contract outcomes only: exit codes, the failure file's reason, log lines.
 """
@@ -7,20 +8,56 @@ Every test asserts contract outcomes only: exit codes, the failure file's reason
 from __future__ import annotations
 
 import json
+import re
+import subprocess
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
+from sklearn.datasets import load_digits
 
-from harness.digits import DIGITS_HYPERPARAMETERS
+from harness.digits import DIGITS_HYPERPARAMETERS, to_png_pixels
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(300)]
 
 PROGRAMS = Path(__file__).parent / "programs"
 MWMS = {"sagemaker_multi_worker_mirrored_strategy_enabled": "true", "host_wait_timeout": "60"}
 PS = {"sagemaker_parameter_server_enabled": "true", "host_wait_timeout": "60"}
+# TF2 ParameterServerStrategy scripts: the script runs as every task.
+PS_STRATEGY = {**PS, "parameter_server_layout": "strategy"}
+AWS_PS_DIR = PROGRAMS / "aws_ps"
+MWMS_SETUP_LINE = "Running distributed training job with multi_worker_mirrored_strategy setup"
+PS_SETUP_LINE = "Running distributed training job with parameter servers"
 # The issue's bound: any process or host dying brings every host down within this.
 FAIL_FAST_S = 10.0
+
+
+def make_mnist_npy(folder: Path) -> Path:
+    """The files AWS's mnist_custom.py reads (its data-distributed folder: 784-pixel rows of
+    0..255, integer labels), from scikit-learn's digits at 28x28."""
+    digits = load_digits()
+    pixels = np.stack([255 - to_png_pixels(image, 28)[..., 0] for image in digits.images])
+    rows = pixels.reshape(len(pixels), 784).astype(np.float32)
+    folder.mkdir(parents=True, exist_ok=True)
+    np.save(folder / "train_data.npy", rows[:1500])
+    np.save(folder / "train_labels.npy", digits.target[:1500])
+    np.save(folder / "eval_data.npy", rows[1500:])
+    np.save(folder / "eval_labels.npy", digits.target[1500:])
+    return folder
+
+
+@pytest.fixture(scope="module")
+def mnist_npy(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_mnist_npy(tmp_path_factory.mktemp("mnist") / "training")
+
+
+def tf_configs(log: str) -> dict[str, dict]:
+    """Each task's logged TF_CONFIG, by task name."""
+    return {
+        name: json.loads(value)
+        for name, value in re.findall(r"task (\S+): TF_CONFIG=(\{.*\})$", log, re.MULTILINE)
+    }
 
 
 def wait(cluster, timeout: float, hosts=None) -> dict[str, int]:
@@ -43,13 +80,25 @@ def test_user_mwms_script_on_two_hosts(make_cluster):
     assert (cluster.ml_root("algo-1") / "model" / "1" / "saved_model.pb").is_file()
     assert not (cluster.ml_root("algo-2") / "model" / "1").exists()
     assert "mpirun" not in cluster.logs("algo-1")
+    # The toolkit's lines: the setup, and each task's TF_CONFIG.
+    for index, host in enumerate(cluster.hosts):
+        log = cluster.logs(host)
+        assert MWMS_SETUP_LINE in log, log
+        assert tf_configs(log) == {
+            f"worker:{index}": {
+                "cluster": {"worker": ["algo-1:2223", "algo-2:2223"]},
+                "environment": "cloud",
+                "task": {"index": index, "type": "worker"},
+            }
+        }, log
+    assert "running 2 tasks on 2 hosts: python mwms_keras.py" in cluster.logs("algo-1")
 
 
 @pytest.mark.parametrize("host_count", [2, 3])
 def test_user_ps_script_ends_when_the_chief_ends(make_cluster, host_count):
     cluster = make_cluster(
         host_count,
-        hyperparameters={**PS, "sagemaker_program": "ps_coordinator.py"},
+        hyperparameters={**PS_STRATEGY, "sagemaker_program": "ps_coordinator.py"},
         code_dir=PROGRAMS,
     )
     cluster.start()
@@ -65,11 +114,25 @@ def test_user_ps_script_ends_when_the_chief_ends(make_cluster, host_count):
     assert all(cluster.failure(host) is None for host in cluster.hosts)
 
 
+def test_a_tf2_strategy_script_without_the_switch_fails_at_once_naming_master(make_cluster):
+    cluster = make_cluster(
+        2, hyperparameters={**PS, "sagemaker_program": "ps_coordinator.py"}, code_dir=PROGRAMS
+    )
+    cluster.start()
+    assert wait(cluster, 180) == {"algo-1": 1, "algo-2": 1}, cluster.describe()
+    for host in cluster.hosts:
+        failure = cluster.failure(host)
+        assert failure.startswith(
+            "TrainingFailed: the program exited with code 1; last error: task master:0: "
+            "ValueError: Disallowed task type found in cluster spec."
+        ), failure
+
+
 def test_a_ps_task_failing_fails_every_host_naming_it(make_cluster):
     cluster = make_cluster(
         2,
         hyperparameters={
-            **PS,
+            **PS_STRATEGY,
             "sagemaker_program": "ps_coordinator.py",
             "fail-task": "ps:1",
         },
@@ -82,6 +145,93 @@ def test_a_ps_task_failing_fails_every_host_naming_it(make_cluster):
         failure = cluster.failure(host)
         assert failure.startswith("TrainingFailed: the program exited with code 1"), failure
         assert "task ps:1: RuntimeError: failing on purpose as ps:1 (on algo-2)" in failure
+
+
+def test_aws_custom_loop_script_runs_once_per_host_with_the_toolkits_tf_config(
+    make_cluster, mnist_npy
+):
+    cluster = make_cluster(
+        2,
+        hyperparameters={
+            **PS,
+            "sagemaker_program": "mnist_custom.py",
+            "model_dir": "/opt/ml/model/ckpt",
+            "epochs": "2",
+        },
+        code_dir=AWS_PS_DIR,
+        channels={"training": mnist_npy},
+    )
+    cluster.start()
+    codes = wait(cluster, 240)
+    assert codes == {"algo-1": 0, "algo-2": 0}, cluster.describe()
+    master, worker = (cluster.logs(host) for host in cluster.hosts)
+    assert "[master:0] CUSTOM_DONE latest=/opt/ml/model/ckpt/model.ckpt-2" in master, master
+    assert "[worker:0] Epoch 2 " in worker, worker
+    assert (cluster.ml_root("algo-1") / "model" / "ckpt" / "model.ckpt-2.index").is_file()
+    # The script once per host: no chief, no third process on the first host.
+    assert "running 4 tasks on 2 hosts: python mnist_custom.py" in master, master
+    cluster_spec = {
+        "master": ["algo-1:2222"],
+        "ps": ["algo-1:2223", "algo-2:2223"],
+        "worker": ["algo-2:2222"],
+    }
+    expected = {
+        "algo-1": {"master:0": ("master", 0), "ps:0": ("ps", 0)},
+        "algo-2": {"worker:0": ("worker", 0), "ps:1": ("ps", 1)},
+    }
+    for host, log in zip(cluster.hosts, (master, worker), strict=True):
+        assert PS_SETUP_LINE in log, log
+        assert tf_configs(log) == {
+            name: {
+                "cluster": cluster_spec,
+                "environment": "cloud",
+                "task": {"index": index, "type": task_type},
+            }
+            for name, (task_type, index) in expected[host].items()
+        }, log
+    for index, host in enumerate(cluster.hosts):
+        assert f"[ps:{index}] " in cluster.logs(host)
+        assert f"parameter server ps:{index} serving on {host}:2223" in cluster.logs(host)
+
+
+def test_a_ps_server_killed_fails_every_host(make_cluster, docker, mnist_npy):
+    cluster = make_cluster(
+        2,
+        hyperparameters={
+            **PS,
+            "sagemaker_program": "mnist_custom.py",
+            "model_dir": "/opt/ml/model/ckpt",
+            "epochs": "1000",
+        },
+        code_dir=AWS_PS_DIR,
+        channels={"training": mnist_npy},
+    )
+    cluster.start()
+    for host in cluster.hosts:
+        cluster.wait_for_log(host, "Epoch 1 ", timeout=180)
+    killed_at = time.time()
+    subprocess.run(
+        [
+            docker,
+            "exec",
+            cluster.container("algo-2"),
+            "pkill",
+            "-KILL",
+            "-f",
+            "entrypoint.ps_server",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=30,
+    )
+    codes = wait(cluster, 60)
+    assert codes["algo-1"] != 0 and codes["algo-2"] != 0, cluster.describe()
+    delays = {host: cluster.exit_time(host) - killed_at for host in cluster.hosts}
+    assert max(delays.values()) < FAIL_FAST_S, f"{delays}\n{cluster.describe()}"
+    for host in cluster.hosts:
+        failure = cluster.failure(host)
+        assert failure.startswith("TrainingFailed: the program exited with code 137"), failure
+        assert "task ps:1" in failure and "(on algo-2)" in failure, failure
 
 
 def test_ps_on_one_host_is_one_line(make_cluster):

@@ -10,7 +10,8 @@ import tensorflow as tf
 parser = argparse.ArgumentParser()
 parser.add_argument("--steps", type=int, default=20)
 parser.add_argument("--fail-task", default="")
-args = parser.parse_args()
+# The SDK's TensorFlow estimator adds --model_dir.
+args, _ = parser.parse_known_args()
 
 resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
 task = f"{resolver.task_type}:{resolver.task_id}"

@@ -1,7 +1,9 @@
-"""A TF1-style Estimator program with parameter servers over TF_CONFIG, as AWS's TensorFlow
-containers ran them: every task (chief, workers, parameter servers) runs this script, the
-variables live on the parameter servers, and each of them writes its shard of every checkpoint
-to --model_dir, an S3 path. The chief reads the last checkpoint back at the end."""
+"""A TF1-style Estimator program with parameter servers over TF_CONFIG: the variables live on the
+parameter servers, and each of them writes its shard of every checkpoint to --model_dir, an S3
+path. It runs in either layout (docs/tf-distribute.md): AWS's (the script as `master` and
+`worker`, the entry point's ps servers) and TF2's (the script as every task: `chief`, `worker`,
+`ps`; train_and_evaluate serves the ps tasks itself). The chief (or master) reads the last
+checkpoint back at the end."""
 
 import argparse
 import json
@@ -13,7 +15,7 @@ import tensorflow as tf
 parser = argparse.ArgumentParser()
 parser.add_argument("--model_dir", required=True)
 parser.add_argument("--steps", type=int, default=40)
-args = parser.parse_args()
+args, _ = parser.parse_known_args()
 task = json.loads(os.environ["TF_CONFIG"])["task"]
 print(f"ESTIMATOR_TASK {task['type']}:{task['index']}", flush=True)
 
@@ -37,7 +39,7 @@ tf.estimator.train_and_evaluate(
     tf.estimator.TrainSpec(input_fn, max_steps=args.steps),
     tf.estimator.EvalSpec(input_fn, steps=2),
 )
-if task["type"] == "chief":
+if task["type"] in ("chief", "master"):
     latest = estimator.latest_checkpoint()
     step = tf.train.load_variable(latest, "global_step")
     print(f"ESTIMATOR_S3_DONE latest={latest} global_step={step}", flush=True)
