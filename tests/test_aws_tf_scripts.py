@@ -73,8 +73,8 @@ def test_data_parallel_tutorial_script_on_two_hosts(make_cluster, digits28):
     master = cluster.logs("algo-1")
     assert re.search(r"mpirun --allow-run-as-root .*-np 4 -H algo-1:2,algo-2:2 ", master)
     assert (
-        "-x HOROVOD_CYCLE_TIME=1 python -m mpi4py train.py --model_dir /opt/ml/shared/model"
-        in master
+        "-x HOROVOD_CYCLE_TIME=1 sm-horovod-rank python -m mpi4py train.py "
+        "--model_dir /opt/ml/shared/model" in master
     )
     done = None
     for rank in range(4):
@@ -243,7 +243,9 @@ def test_the_sdk_launches_the_tutorial_with_the_data_parallel_distribution(
     mpirun = [line for line in logs.splitlines() if "mpirun --allow-run-as-root" in line]
     assert len(mpirun) == 1, logs[-3000:]
     assert re.search(r"-np 2 -H algo-1-\w+:1,algo-2-\w+:1 ", mpirun[0]), mpirun[0]
-    assert "-x HOROVOD_CYCLE_TIME=1 python -m mpi4py train.py" in mpirun[0], mpirun[0]
+    assert "-x HOROVOD_CYCLE_TIME=1 sm-horovod-rank python -m mpi4py train.py" in mpirun[0], mpirun[
+        0
+    ]
     assert len(re.findall(r"SMDDP rank=\d size=2 ", logs)) == 2, logs[-3000:]
     model_tar = next(output.rglob("model.tar.gz"))
     with tarfile.open(model_tar) as archive:

@@ -7,6 +7,7 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -106,13 +107,16 @@ def _toolkit_tf_config(hosts, current_host, ps_task=False):
     def host_addresses(hosts, port=2222):
         return ["{}:{}".format(host, port) for host in hosts]  # noqa: UP032 - copied
 
-    config = {"cluster": {"master": host_addresses(masters)}, "environment": "cloud"}
+    config: dict[str, Any] = {
+        "cluster": {"master": host_addresses(masters)},
+        "environment": "cloud",
+    }
     if ps:
         config["cluster"]["ps"] = host_addresses(ps, port="2223")
     if workers:
         config["cluster"]["worker"] = host_addresses(workers)
     if ps_task:
-        task_type, task_index = "ps", ps.index(current_host)
+        task_type, task_index = "ps", ps.index(current_host)  # type: ignore[union-attr]
     elif current_host == hosts[0]:
         task_type, task_index = "master", 0
     else:
@@ -343,6 +347,7 @@ def test_the_toolkit_layout_runs_the_script_once_per_host_and_serves_ps_itself()
     assert (launch.verdict, launch.chief_task) == (VerdictRule.CHIEF, "master:0")
     assert master.command == ("python3", "ps.py", "--epochs", "2")
     worker = make_plan(parse(hyperparameters, hosts=HOSTS[:2], current="algo-2"), gpu_count=0)
+    assert isinstance(worker.launch, ProcessesLaunch)
     assert [p.task for p in worker.launch.processes] == ["worker:0", "ps:1"]
     assert worker.launch.chief_task is None
 

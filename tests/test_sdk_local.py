@@ -147,7 +147,9 @@ def test_tensorflow_estimator_mpi_two_hosts_two_ranks_each(
     assert len(mpirun_lines) == 1, logs[-3000:]
     # The SDK names its hosts algo-1-<suffix>, algo-2-<suffix>.
     assert re.search(r"-np 4 -H algo-1-\w+:2,algo-2-\w+:2 ", mpirun_lines[0]), mpirun_lines[0]
-    assert re.search(r"-x HOROVOD_CYCLE_TIME=1 python -m mpi4py train\.py", mpirun_lines[0])
+    assert re.search(
+        r"-x HOROVOD_CYCLE_TIME=1 sm-horovod-rank python -m mpi4py train\.py", mpirun_lines[0]
+    )
     # requirements.txt was installed on both hosts before they reported ready.
     assert len(re.findall(r"host=algo-\d-\w+ .*installing requirements\.txt", logs)) == 2
 

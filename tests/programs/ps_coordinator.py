@@ -40,7 +40,7 @@ def step():
     return total.read_value()
 
 
-for _ in range(args.steps):
+for _step in range(args.steps):
     coordinator.schedule(step)
 coordinator.join()
 print(
