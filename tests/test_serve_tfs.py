@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -878,3 +879,18 @@ def test_code_lib_means_no_pip_run(tmp_path: Path, caplog: pytest.LogCaptureFixt
     with caplog.at_level(logging.INFO):
         hooks.install_requirements(tmp_path)  # pip would fail: it must not run
     assert "code/requirements.txt skipped: code/lib is present" in caplog.text
+
+
+def test_scalar_rows_take_the_fast_path_with_the_same_rules() -> None:
+    x = {"x": tfs.TensorSpec("float32", (None,))}
+    fast = tfs.tensors_from_instances([1, 2.5, float("nan")], x)["x"]
+    assert fast.dtype == np.float32 and fast[:2].tolist() == [1.0, 2.5] and np.isnan(fast[2])
+    for rows, message in [
+        ([1.0, True], "Failed to process element: 1 of 'instances' list. Error: Invalid argument"),
+        ([1.0, 2**24], "Cannot convert JSON value: 16777216 to float without loss of precision"),
+        ([1.0, 1e39], "Cannot convert JSON value: 1e+39 to float without loss of precision"),
+    ]:
+        with pytest.raises(ServeError, match=re.escape(message)):
+            tfs.tensors_from_instances(rows, x)
+    ints = tfs.tensors_from_instances([1, 2], {"x": tfs.TensorSpec("int64", (None,))})["x"]
+    assert ints.dtype == np.int64 and ints.tolist() == [1, 2]
