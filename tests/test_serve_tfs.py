@@ -833,7 +833,7 @@ def test_rows_per_call_is_the_batch_size_or_a_megabyte_of_small_rows() -> None:
     joined = batching.join_rows([{"y": np.array([1, 2])}, {"y": np.array([3])}])
     assert joined["y"].tolist() == [1, 2, 3]
     with pytest.raises(ValueError, match="output 'y' is not one row per input row"):
-        batching.join_rows([{"y": np.float32(1)}, {"y": np.float32(2)}])
+        batching.join_rows([{"y": np.array(1, np.float32)}, {"y": np.array(2, np.float32)}])
 
 
 def test_the_queue_bound_refuses_only_work_behind_other_work() -> None:
