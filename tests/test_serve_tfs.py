@@ -9,7 +9,11 @@ code/inference.py. The real TensorFlow models in the real image: test_serve_gene
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
+import re
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -18,12 +22,16 @@ import numpy as np
 import pytest
 from starlette.testclient import TestClient
 
-from serve import hooks, page, tfs
-from serve.app import Loaded, create_app
-from serve.batching import run_merged
+from serve import batching, hooks, page, tfs
+from serve.app import create_app
+from serve.batcher import Batcher, OverloadedError
+from serve.batching import Piece, run_merged
 from serve.discovery import ModelError, discover
+from serve.errors import ServeError
 from serve.model import Model, Registry, Signature, Version
+from serve.runner import Runner
 from serve.settings import Settings, settings_from_env
+from serve.tf_runner import Loaded, compose
 
 F32 = tfs.TensorSpec("float32", None)
 
@@ -80,7 +88,7 @@ def test_csv_one_instance_per_line(body: str, document: dict) -> None:
 def test_request_document_errors(
     body: bytes, content_type: str | None, status: int, message: str
 ) -> None:
-    with pytest.raises(tfs.TfsError) as caught:
+    with pytest.raises(ServeError) as caught:
         tfs.request_document(body, content_type)
     assert caught.value.status == status
     assert str(caught.value).startswith(message), str(caught.value)
@@ -116,7 +124,7 @@ def test_custom_attributes(header: str | None, expected: tfs.CustomAttributes) -
     ],
 )
 def test_custom_attributes_refused(header: str, message: str) -> None:
-    with pytest.raises(tfs.TfsError, match=f"^{message}$"):
+    with pytest.raises(ServeError, match=f"^{message}$"):
         tfs.parse_custom_attributes(header)
 
 
@@ -182,7 +190,7 @@ def test_tensors_keep_the_signature_dtype() -> None:
     ],
 )
 def test_dtype_and_shape_rules(value: object, dtype: str, status: int, message: str) -> None:
-    with pytest.raises(tfs.TfsError) as caught:
+    with pytest.raises(ServeError) as caught:
         tfs.to_tensor(value, dtype)
     assert caught.value.status == status
     assert str(caught.value).startswith(message), str(caught.value)
@@ -239,7 +247,7 @@ def test_row_and_columnar_inputs() -> None:
 )
 def test_predict_request_errors(document: object, message: str) -> None:
     signatures = {"serving_default": tfs.SignatureSpec(TWO_INPUTS, {"y": F32})}
-    with pytest.raises(tfs.TfsError) as caught:
+    with pytest.raises(ServeError) as caught:
         tfs.parse_predict(document, signatures)
     assert caught.value.status == 400
     assert str(caught.value).startswith(message), str(caught.value)
@@ -258,10 +266,10 @@ def test_examples_for_classify_and_regress() -> None:
         {"c": ("bytes", [b"k"]), "n": ("int64", [1]), "b": ("bytes", [b"\x00"])},
     ]
     with pytest.raises(
-        tfs.TfsError, match="Unexpected element type in feature: x expecting type: float"
+        ServeError, match="Unexpected element type in feature: x expecting type: float"
     ):
         tfs.parse_examples({"examples": [{"x": [1.5, 2]}]}, "classify")
-    with pytest.raises(tfs.TfsError, match="When method is classify, key 'examples' is expected"):
+    with pytest.raises(ServeError, match="When method is classify, key 'examples' is expected"):
         tfs.parse_examples({"instances": [1]}, "classify")
 
 
@@ -293,11 +301,11 @@ def test_responses_are_tf_servings() -> None:
             "label": ["cat", "dog"],
         }
     }
-    with pytest.raises(tfs.TfsError, match=r"^Tensor name: s has no shape information $"):
+    with pytest.raises(ServeError, match=r"^Tensor name: s has no shape information $"):
         # TensorFlow hands a scalar output over as a NumPy scalar, not an array
         tfs.predict_response({"s": np.float32(1)}, columnar=False)  # type: ignore[dict-item]
     with pytest.raises(
-        tfs.TfsError, match="Tensor name: b has inconsistent batch size: 3 expecting: 2"
+        ServeError, match="Tensor name: b has inconsistent batch size: 3 expecting: 2"
     ):
         tfs.predict_response({"a": np.zeros(2), "b": np.zeros(3)}, columnar=False)
     classified = {
@@ -316,7 +324,7 @@ def test_responses_are_tf_servings() -> None:
 def test_model_paths() -> None:
     assert tfs.parse_model_path("half") == ("half", None, None)
     assert tfs.parse_model_path("half/versions/2:regress") == ("half", 2, "regress")
-    with pytest.raises(tfs.TfsError, match="Malformed request"):
+    with pytest.raises(ServeError, match="Malformed request"):
         tfs.parse_model_path("half/labels/x:predict")
 
 
@@ -426,7 +434,7 @@ def _signature(
         for name, value in tensors.items():
             shape = spec.inputs[name].shape
             if shape is not None and value.ndim != len(shape):
-                raise tfs.TfsError(400, f"ValueError: {name} has rank {value.ndim}")
+                raise ServeError(400, f"ValueError: {name} has rank {value.ndim}")
         return fn(**tensors)
 
     return Signature(spec, call)
@@ -502,7 +510,8 @@ def client(calls: Calls, model_dir: Path | None = None, **settings) -> TestClien
     found = hooks.load_hooks(model_dir) if model_dir else None
     app = create_app(
         Settings(model_dir=model_dir or Path("/nonexistent"), **settings),
-        loader=lambda _s: Loaded(registry(calls), found),
+        loader=lambda s: compose(Loaded(registry(calls), found), s),
+        on_fatal=pytest.fail,
     )
     return TestClient(app, raise_server_exceptions=False)
 
@@ -792,3 +801,113 @@ def test_inference_py_without_hooks_is_refused(tmp_path: Path) -> None:
     (tmp_path / "code" / "inference.py").write_text("raise ImportError('no numpy here')\n")
     with pytest.raises(ModelError, match=r"inference\.py: ImportError: no numpy here$"):
         hooks.load_hooks(tmp_path)
+
+
+# --- issue 30: one large request, errors through output_handler, a model that cannot load -------
+
+
+def test_one_large_request_alone_is_served_in_model_sized_calls() -> None:
+    """Far more rows than SM_SERVE_MAX_QUEUED_IMAGES, alone: answered whole, in calls of at
+    most SM_SERVE_MAX_BATCH_SIZE rows (AWS's test_large_input, smaller)."""
+    calls = Calls()
+    rows = 5000
+    body = "\n".join(f"{i % 7}.0" for i in range(rows)).encode()
+    with client(calls, max_batch_size=32, max_queued_images=1024) as test_client:
+        ready(test_client)
+        answer = test_client.post(
+            "/invocations", content=body, headers={"content-type": "text/csv"}
+        )
+        assert answer.status_code == 200, answer.text[:200]
+        predictions = answer.json()["predictions"]
+    assert predictions == [(i % 7) * 0.5 + 3 for i in range(rows)]
+    # float32 scalars: 4 bytes a row, so a call takes CALL_INPUT_BYTES of them, not 32.
+    assert calls.sizes == [rows]
+
+
+def test_rows_per_call_is_the_batch_size_or_a_megabyte_of_small_rows() -> None:
+    assert batching.rows_per_call({"x": np.zeros((10, 1), np.float32)}, 32) == (1 << 20) // 4
+    images = {"x": np.zeros((10, 224, 224, 3), np.float32)}
+    assert batching.rows_per_call(images, 32) == 32
+    strings = {"s": np.array([b"a"], dtype=object)}
+    assert batching.rows_per_call(strings, 32) == 1 << 20
+    runs = batching.cut_rows({"x": np.arange(10)}, 4)
+    assert [r["x"].tolist() for r in runs] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    joined = batching.join_rows([{"y": np.array([1, 2])}, {"y": np.array([3])}])
+    assert joined["y"].tolist() == [1, 2, 3]
+    with pytest.raises(ValueError, match="output 'y' is not one row per input row"):
+        batching.join_rows([{"y": np.array(1, np.float32)}, {"y": np.array(2, np.float32)}])
+
+
+def test_the_queue_bound_refuses_only_work_behind_other_work() -> None:
+    async def scenario() -> tuple[int, str]:
+        release = threading.Event()
+
+        def run(_key: object, payloads: list) -> list:
+            release.wait(5)
+            return payloads
+
+        batcher = Batcher(run, max_batch_size=4, max_delay_s=0, max_queued_images=10)
+        batcher.start()
+        try:
+            first = batcher.submit([Piece("k", 4, i) for i in range(8)])  # 32 rows, alone
+            with pytest.raises(OverloadedError) as caught:
+                batcher.submit([Piece("k", 4, 99)])
+            release.set()
+            results = await batcher.collect(first)
+        finally:
+            await batcher.stop()
+        return len(results), f"{caught.value.status} {caught.value}"
+
+    assert asyncio.run(scenario()) == (8, "503 overloaded: 32 images already wait for the model")
+
+
+def test_a_failed_model_response_goes_through_output_handler(tmp_path: Path) -> None:
+    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / "inference.py").write_text(
+        "def input_handler(data, context):\n"
+        "    return data.read()\n"
+        "def output_handler(response, context):\n"
+        "    return f'{response.status_code} {response.json()[\"error\"][:16]}', 'text/plain'\n"
+    )
+    with client(Calls(), tmp_path) as test_client:
+        ready(test_client)
+        answer = test_client.post("/invocations", content=b'{"junk": 1}', headers=JSON_CT)
+    assert (answer.status_code, answer.text) == (200, "400 Missing 'inputs'")
+
+
+def test_a_model_that_cannot_load_is_fatal_with_one_line() -> None:
+    said: list[str] = []
+
+    def broken(_settings: Settings) -> Runner:
+        raise ModelError("cannot load /opt/ml/model/1: ValueError: Shape must be\nrank 1")
+
+    app = create_app(Settings(model_dir=Path("/nonexistent")), loader=broken, on_fatal=said.append)
+    with TestClient(app, raise_server_exceptions=False) as test_client:
+        deadline = time.monotonic() + 10
+        while not said and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert test_client.get("/ping").status_code == 503
+    assert said == ["cannot load /opt/ml/model/1: ValueError: Shape must be\nrank 1"]
+
+
+def test_code_lib_means_no_pip_run(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    (tmp_path / "code" / "lib").mkdir(parents=True)
+    (tmp_path / "code" / "requirements.txt").write_text("no-such-package-sm-horovod==1.0\n")
+    with caplog.at_level(logging.INFO):
+        hooks.install_requirements(tmp_path)  # pip would fail: it must not run
+    assert "code/requirements.txt skipped: code/lib is present" in caplog.text
+
+
+def test_scalar_rows_take_the_fast_path_with_the_same_rules() -> None:
+    x = {"x": tfs.TensorSpec("float32", (None,))}
+    fast = tfs.tensors_from_instances([1, 2.5, float("nan")], x)["x"]
+    assert fast.dtype == np.float32 and fast[:2].tolist() == [1.0, 2.5] and np.isnan(fast[2])
+    for rows, message in [
+        ([1.0, True], "Failed to process element: 1 of 'instances' list. Error: Invalid argument"),
+        ([1.0, 2**24], "Cannot convert JSON value: 16777216 to float without loss of precision"),
+        ([1.0, 1e39], "Cannot convert JSON value: 1e+39 to float without loss of precision"),
+    ]:
+        with pytest.raises(ServeError, match=re.escape(message)):
+            tfs.tensors_from_instances(rows, x)
+    ints = tfs.tensors_from_instances([1, 2], {"x": tfs.TensorSpec("int64", (None,))})["x"]
+    assert ints.dtype == np.int64 and ints.tolist() == [1, 2]
