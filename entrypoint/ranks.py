@@ -19,7 +19,6 @@ import os
 import select
 import signal
 import socket
-import socketserver
 import struct
 import threading
 from pathlib import Path
@@ -27,6 +26,7 @@ from pathlib import Path
 import psutil
 
 from entrypoint.rank_shim import RANK_SOCKET_ENV, REGISTERED
+from entrypoint.unixserver import PrivateUnixServer
 
 log = logging.getLogger("entrypoint")
 
@@ -93,22 +93,7 @@ class RankRegistry:
         self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         with contextlib.suppress(FileNotFoundError):
             self.path.unlink()
-        registry = self
-
-        class Handler(socketserver.BaseRequestHandler):
-            def handle(self) -> None:
-                registry._register(self.request)
-
-        previous = os.umask(0o177)
-        try:
-            self._server = socketserver.ThreadingUnixStreamServer(str(self.path), Handler)
-        finally:
-            os.umask(previous)
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, name="ranks", daemon=True
-        )
-        self._thread.start()
+        self._server = PrivateUnixServer(self.path, self._register, "ranks")
 
     def _register(self, connection: socket.socket) -> None:
         pid, _uid, _gid = _PEERCRED.unpack(
@@ -152,10 +137,7 @@ class RankRegistry:
             rank.send(signal.SIGKILL)
 
     def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        with contextlib.suppress(OSError):
-            self.path.unlink()
+        self._server.close()
         with self._lock:
             for rank in self._ranks:
                 rank.close()

@@ -31,7 +31,7 @@ import logging
 import os
 import shutil
 import signal
-import socketserver
+import socket
 import threading
 import time
 from collections.abc import Callable, Collection, Coroutine, Iterable, Sequence
@@ -58,6 +58,7 @@ from entrypoint.protocol import (
     catalog,
 )
 from entrypoint.session import Handlers, RequestFailedError, Session, SessionLostError
+from entrypoint.unixserver import PrivateUnixServer
 
 log = logging.getLogger("entrypoint")
 
@@ -330,22 +331,11 @@ class AgentRelay:
         self._timeout_s = timeout_s
         self._dir = directory
         self.path = self._dir / "agent.sock"
-        relay = self
+        self._server = PrivateUnixServer(self.path, self._serve_agent, "rsh-relay")
 
-        class Handler(socketserver.StreamRequestHandler):
-            def handle(self) -> None:
-                self.wfile.write(agent_answer(relay.answer(self.rfile)))
-
-        previous = os.umask(0o177)
-        try:
-            self._server = socketserver.ThreadingUnixStreamServer(str(self.path), Handler)
-        finally:
-            os.umask(previous)
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, name="rsh-relay", daemon=True
-        )
-        self._thread.start()
+    def _serve_agent(self, connection: socket.socket) -> None:
+        with connection.makefile("rb") as request:
+            connection.sendall(agent_answer(self.answer(request)))
 
     def answer(self, stream: Any) -> Spawned:
         host = "?"
@@ -363,8 +353,6 @@ class AgentRelay:
         return answer
 
     def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+        self._server.close()
         with contextlib.suppress(OSError):
-            self.path.unlink()
             self._dir.rmdir()
