@@ -323,6 +323,13 @@ RUN set -eux; \
     { sm-horovod-rsh-agent 2>/dev/null || [ $? -eq 255 ]; }; \
     grep -q 'entrypoint.main' "$(command -v train)"; \
     python -c 'import entrypoint.main'; \
+# Every rank mpirun starts gets torch's env:// variables (RANK, LOCAL_RANK, WORLD_SIZE,
+# MASTER_ADDR, ...) from OpenMPI's, as AWS's smddprun gives them (smdistributed/dataparallel/
+# torch/launch_env.py); the `smddp` backend registers and joins a world of one.
+    echo 'import smdistributed.dataparallel.torch.launch_env as m; m.install_under_mpi()' \
+        > "$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/sm-horovod-smddp-env.pth"; \
+    OMPI_COMM_WORLD_RANK=0 OMPI_COMM_WORLD_SIZE=1 python -c 'import os; assert os.environ["RANK"] == "0", os.environ'; \
+    python -c 'import smdistributed.dataparallel.torch.torch_smddp, torch.distributed as d; d.init_process_group(backend="smddp"); assert d.get_backend() == "smddp"; d.destroy_process_group()'; \
 # sshd (mpirun between hosts) must accept its configuration; a throwaway host key proves it.
     ssh-keygen -q -t ed25519 -N '' -f /tmp/check_host_key; \
     /usr/sbin/sshd -t -o HostKey=/tmp/check_host_key; \
