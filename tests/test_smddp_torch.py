@@ -140,4 +140,3 @@ def test_the_pre_1_4_api_maps_onto_torch_distributed(make_cluster):
         "by this image (sm-horovod maps SageMaker's data-parallel PyTorch API onto "
         "torch.distributed; available: "
     ) in logs, logs[-3000:]
-
