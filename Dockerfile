@@ -188,6 +188,7 @@ COPY docker/docker-entrypoint.sh /usr/local/bin/docker-entrypoint.sh
 # This repository's code, last: a code-only change rebuilds only this layer.
 COPY pyproject.toml /opt/src/
 COPY entrypoint /opt/src/entrypoint
+COPY smcommon /opt/src/smcommon
 COPY model /opt/src/model
 COPY serve /opt/src/serve
 COPY smdistributed /opt/src/smdistributed
@@ -302,15 +303,13 @@ RUN --mount=type=bind,from=torch-build,source=/wheels,target=/wheels \
 
 COPY docker/docker-entrypoint.sh /usr/local/bin/docker-entrypoint.sh
 
-# This repository's code, last: the whole package, as in the TensorFlow image (model.hparams is
-# the entry point's hyperparameter check, tf_s3.model_dir its model_dir check); `serve` and the
-# built-in model refuse to run here, and no .pth hook loads tf_s3's TensorFlow plugin.
+# This repository's code, last: no TensorFlow code (the built-in model and tf_s3, whose program
+# checks the entry point then does not run: pyproject.toml's entry points).
 COPY pyproject.toml /opt/src/
 COPY entrypoint /opt/src/entrypoint
-COPY model /opt/src/model
+COPY smcommon /opt/src/smcommon
 COPY serve /opt/src/serve
 COPY smdistributed /opt/src/smdistributed
-COPY tf_s3 /opt/src/tf_s3
 RUN set -eux; \
 # sagemaker-training installs its own `train` script; ours replaces it.
     rm -f /opt/venv/bin/train; \

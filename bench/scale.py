@@ -39,8 +39,8 @@ from bench.overhead import FaultRun, HostCost, OverheadRun, all_times, read_rank
 from bench.report import ScaleResults, scale_from_json, write_scale_report
 from bench.summary import minus
 from bench.workspace import Workspace, workspace
-from entrypoint.names import EXIT_LINE, WORKER_SILENCE_LINE
 from harness.cluster import Cluster, docker_command
+from smcommon.names import EXIT_LINE, WORKER_SILENCE_LINE
 
 log = logging.getLogger("bench.scale")
 

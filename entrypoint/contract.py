@@ -23,7 +23,7 @@ from typing import Any
 
 from sagemaker_training import params
 
-from entrypoint import names
+from smcommon import names
 
 # Hyperparameters that belong to the entry point and are not passed to the training program.
 RANKS_PER_HOST = "ranks_per_host"
@@ -57,9 +57,10 @@ JOB_NAME_PARAM = params.JOB_NAME_PARAM
 REGION_PARAM = params.REGION_NAME_PARAM
 # Not sagemaker_-prefixed, yet the toolkit keeps it from the program (SAGEMAKER_HYPERPARAMETERS).
 TUNING_METRIC_PARAM = params.TUNING_METRIC_PARAM
-# The TensorFlow estimator's own hyperparameter: passed to the script as --model_dir, as AWS's
-# TensorFlow containers do (sagemaker-tensorflow-training-toolkit, training.py main()).
-MODEL_DIR_PARAM = "model_dir"
+# The TensorFlow estimator's own hyperparameter (names.MODEL_DIR_PARAM): passed to the script as
+# --model_dir, as AWS's TensorFlow containers do (sagemaker-tensorflow-training-toolkit,
+# training.py main()).
+MODEL_DIR_PARAM = names.MODEL_DIR_PARAM
 
 # Distributions the SDK can ask for that this image cannot run: the SDK's hyperparameter name
 # (sagemaker/estimator.py, sagemaker/pytorch/estimator.py) -> why not, and what to do instead.

@@ -27,7 +27,6 @@ import logging
 import threading
 import time
 
-from entrypoint.failure import Failure
 from entrypoint.protocol import (
     CATALOG,
     Ack,
@@ -59,6 +58,7 @@ from entrypoint.session import (
     keep_alive,
     serve,
 )
+from smcommon.failure import Failure
 
 log = logging.getLogger("entrypoint")
 

@@ -9,16 +9,16 @@ seconds with one line in /opt/ml/output/failure; then read -> plan -> prepare ->
 from __future__ import annotations
 
 import dataclasses
+import importlib.metadata
 import logging
 import os
 import sys
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from entrypoint import netif, protocol, sshkeys, supervise, usercode
 from entrypoint.contract import (
-    MODEL_DIR_PARAM,
     MPI_CUSTOM_OPTIONS_PARAM,
     BuiltinProgram,
     Contract,
@@ -27,11 +27,15 @@ from entrypoint.contract import (
     UserScript,
     read_contract,
 )
-from entrypoint.failure import Failure, Reason, record_failure
-from entrypoint.names import EXIT_LINE, ML_ROOT_ENV
 from entrypoint.plan import JobPlan, format_command, make_plan, require_channel
-from model.hparams import parse_hyperparameters
-from tf_s3.model_dir import head_bucket_error_code, missing_bucket_message
+from smcommon.failure import Failure, Reason, record_failure
+from smcommon.names import (
+    BUILTIN_PROGRAM_CHECK,
+    EXIT_LINE,
+    ML_ROOT_ENV,
+    MODEL_DIR_CHECK,
+    PROGRAM_CHECKS_GROUP,
+)
 
 log = logging.getLogger("entrypoint")
 
@@ -49,16 +53,35 @@ def configure_logging(host: str, role: str, level: int = logging.INFO) -> None:
     root.setLevel(level)
 
 
-def _validate_builtin_program(contract: Contract) -> None:
-    """The built-in model's checks, before any process starts: its `train` channel and its
-    hyperparameters (with the model's own parser)."""
-    paths = contract.paths
-    train_dir = paths.data_dir / "train"
-    require_channel(contract, "train", channel_dir_exists=train_dir.is_dir())
-    try:
-        parse_hyperparameters(contract.program_hyperparameters)
-    except ValueError as error:
-        raise ContractError(f"{paths.hyperparameters}: {error}") from None
+# A registered program check (smcommon/names.py): None, or the one-line error.
+ProgramCheck = Callable[[Mapping[str, str], Mapping[str, str]], str | None]
+
+
+def registered_checks(group: str = PROGRAM_CHECKS_GROUP) -> dict[str, ProgramCheck]:
+    """The program checks this image's packages register (pyproject.toml's entry points): the
+    built-in model's and tf_s3's in the TensorFlow images, none in the torch images."""
+    return {entry.name: entry.load() for entry in importlib.metadata.entry_points(group=group)}
+
+
+def run_program_checks(
+    contract: Contract, env: Mapping[str, str], checks: Mapping[str, ProgramCheck]
+) -> None:
+    """The checks that apply to this job's program, before any process starts: the built-in
+    model's `train` channel and hyperparameters, and an s3:// model_dir's bucket."""
+    names = [MODEL_DIR_CHECK]
+    if isinstance(contract.program, BuiltinProgram):
+        train_dir = contract.paths.data_dir / "train"
+        require_channel(contract, "train", channel_dir_exists=train_dir.is_dir())
+        names.append(BUILTIN_PROGRAM_CHECK)
+    for name in names:
+        check = checks.get(name)
+        error = check(contract.program_hyperparameters, env) if check is not None else None
+        if error:
+            raise ContractError(
+                f"{contract.paths.hyperparameters}: {error}"
+                if name == BUILTIN_PROGRAM_CHECK
+                else error
+            )
 
 
 def _job_seed(env: Mapping[str, str]) -> bytes:
@@ -101,26 +124,13 @@ def _log_job(contract: Contract) -> None:
         )
 
 
-def _check_model_dir(contract: Contract, env: Mapping[str, str]) -> None:
-    """An s3:// model_dir on a bucket that does not exist fails here, in one line naming it,
-    instead of deep in TensorFlow's S3 file system on every rank."""
-    model_dir = contract.program_hyperparameters.get(MODEL_DIR_PARAM, "")
-    if model_dir.startswith("s3://"):
-        missing = missing_bucket_message(MODEL_DIR_PARAM, model_dir, head_bucket_error_code(env))
-        if missing:
-            raise ContractError(missing)
-
-
 def prepare(contract: Contract, plan: JobPlan, env: Mapping[str, str]) -> bytes | None:
     """What this host readies before any process of the job starts: the program's checks (or
     the user's code), and for a multi-host job its key for the channel (and the ssh keys where
     the launch runs sshd). Returns the channel's job key, None on one host."""
-    _check_model_dir(contract, env)
-    match contract.program:
-        case BuiltinProgram():
-            _validate_builtin_program(contract)
-        case UserScript() as script:
-            usercode.prepare_user_code(script, contract.paths)
+    run_program_checks(contract, env, registered_checks())
+    if isinstance(contract.program, UserScript):
+        usercode.prepare_user_code(contract.program, contract.paths)
     if not plan.is_multi_host:
         return None
     seed = _job_seed(env)

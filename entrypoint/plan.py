@@ -21,7 +21,7 @@ from sagemaker_training import mapping
 
 from entrypoint import tf_config
 from entrypoint.contract import Backend, BuiltinProgram, Contract, ContractError, UserScript
-from entrypoint.names import BACKEND_ENV, JOB_SECRET_ENV, OLD_JOB_SECRET_ENV
+from smcommon.names import BACKEND_ENV, JOB_SECRET_ENV, OLD_JOB_SECRET_ENV
 
 # TensorFlow's parameter-server guide: workers and ps fail an RPC at once when a peer is gone,
 # instead of retrying it forever.

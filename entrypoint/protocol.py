@@ -42,7 +42,7 @@ from typing import Any, ClassVar, Self
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from entrypoint.failure import STOPPED_EXIT_CODE, Failure, Reason
+from smcommon.failure import STOPPED_EXIT_CODE, Failure, Reason
 
 # Sent in every Hello; a master refuses a worker that speaks another version. 2: Hello carries
 # the version; Refused, Request and Response exist.

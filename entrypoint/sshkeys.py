@@ -23,7 +23,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from entrypoint.names import JOB_SECRET_ENV, OLD_JOB_SECRET_ENV
+from smcommon.names import JOB_SECRET_ENV, OLD_JOB_SECRET_ENV
 
 SSH_DIR = Path("/run/sm-horovod/ssh")
 _SALT = b"sm-horovod ssh v1"

@@ -27,14 +27,7 @@ import time
 from pathlib import Path
 
 from entrypoint.coordination import MasterChannel, WorkerChannel
-from entrypoint.failure import (
-    STOPPED_EXIT_CODE,
-    Failure,
-    Reason,
-    record_failure,
-)
 from entrypoint.launchers import KILL_WAIT_S, LocalPart, local_part, terminate
-from entrypoint.names import MASTER_SILENCE_LINE, WORKER_SILENCE_LINE
 from entrypoint.plan import JobPlan, MpiLaunch, RemoteShell, VerdictRule, format_command
 from entrypoint.protocol import CATALOG, Exited, Verdict, host_verdict, suspect_peers
 from entrypoint.remote_shell import (
@@ -44,6 +37,13 @@ from entrypoint.remote_shell import (
     OrtedSpawner,
 )
 from entrypoint.rsh_agent import AGENT_SOCKET_ENV
+from smcommon.failure import (
+    STOPPED_EXIT_CODE,
+    Failure,
+    Reason,
+    record_failure,
+)
+from smcommon.names import MASTER_SILENCE_LINE, WORKER_SILENCE_LINE
 
 log = logging.getLogger("entrypoint")
 

@@ -9,39 +9,16 @@ ready. The only module besides `supervise` and `launchers` that starts a process
 from __future__ import annotations
 
 import logging
-import re
 import subprocess
 import sys
 from pathlib import Path
 
 from entrypoint.contract import ContractError, ContractPaths, UserScript
+from smcommon.pipoutput import failed_requirement, last_error_line
 
 log = logging.getLogger("entrypoint")
 
 REQUIREMENTS_FILE = "requirements.txt"
-# pip's own lines naming the requirement it could not install.
-_PIP_FAILED_REQUIREMENT = (
-    re.compile(r"No matching distribution found for (\S+)"),
-    re.compile(r"Could not find a version that satisfies the requirement (\S+)"),
-    re.compile(r"Failed to build (\S+)"),
-    re.compile(r"Failed building wheel for (\S+)"),
-)
-
-
-def failed_requirement(pip_output: str) -> str | None:
-    """The requirement pip names as the one it could not install, if it names one."""
-    for pattern in _PIP_FAILED_REQUIREMENT:
-        match = pattern.search(pip_output)
-        if match:
-            return match.group(1).rstrip(".,:")
-    return None
-
-
-def last_error_line(output: str) -> str:
-    """pip's last ERROR line (else its last line): the one that says what went wrong."""
-    lines = [line.strip() for line in output.splitlines() if line.strip()]
-    errors = [line for line in lines if line.startswith("ERROR:")]
-    return (errors or lines or ["(no output)"])[-1]
 
 
 def install_requirements(code_dir: Path) -> None:

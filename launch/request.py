@@ -27,9 +27,9 @@ from entrypoint.contract import (
     parse_entrypoint_settings,
     program_hyperparameters,
 )
-from entrypoint.names import JOB_SECRET_ENV, OLD_JOB_SECRET_ENV
 from launch.errors import LaunchError
 from model.hparams import parse_hyperparameters
+from smcommon.names import JOB_SECRET_ENV, OLD_JOB_SECRET_ENV
 
 REDACTED = "<redacted>"
 CHECKPOINT_LOCAL_PATH = "/opt/ml/checkpoints"

@@ -1,6 +1,6 @@
 """Which distribution backend the built-in model runs on, from what the entry point says.
 
-The entry point sets SM_HVD_BACKEND (entrypoint/names.py) for tf.distribute's strategies;
+The entry point sets SM_HVD_BACKEND (smcommon/names.py) for tf.distribute's strategies;
 without it (mpirun, or a container started by hand) the model runs on Horovod. Both modules
 provide the same functions (model/collective.py documents them).
 
@@ -16,7 +16,7 @@ import os
 from collections.abc import Mapping
 from types import ModuleType
 
-from entrypoint.names import BACKEND_ENV, MULTI_WORKER_MIRRORED_BACKEND
+from smcommon.names import BACKEND_ENV, MULTI_WORKER_MIRRORED_BACKEND
 
 HOROVOD = "horovod"
 MULTI_WORKER_MIRRORED = MULTI_WORKER_MIRRORED_BACKEND

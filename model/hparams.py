@@ -161,3 +161,14 @@ def parse_argv(argv: Sequence[str]) -> dict[str, str]:
             raise HyperparameterError(f"hyperparameter {name!r} is given twice")
         raw[name] = value
     return raw
+
+
+def check_hyperparameters(hyperparameters: Mapping[str, str], env: Mapping[str, str]) -> str | None:
+    """The entry point's check of the built-in program (registered in pyproject.toml): None, or
+    the one-line error of parse_hyperparameters."""
+    del env  # the built-in model's hyperparameters say it all
+    try:
+        parse_hyperparameters(hyperparameters)
+    except ValueError as error:
+        return str(error)
+    return None

@@ -11,7 +11,7 @@ import types
 
 # The exit status of a process killed by SIGTERM (128 + 15), which callers expect; defined once,
 # for the entry point too.
-from entrypoint.names import STOPPED_EXIT_CODE
+from smcommon.names import STOPPED_EXIT_CODE
 
 __all__ = ["STOPPED_EXIT_CODE", "StopRequest"]
 

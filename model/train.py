@@ -13,11 +13,11 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from entrypoint.failure import Failure, Reason, record_failure
 from model.hparams import HyperparameterError, parse_argv, parse_hyperparameters
 from model.images import DataError
 from model.paths import paths_from_env
 from model.stopping import StopRequest
+from smcommon.failure import Failure, Reason, record_failure
 
 log = logging.getLogger("model.train")
 

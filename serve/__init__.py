@@ -2,6 +2,9 @@
 
 Pure core: `settings` (environment -> Settings), `codec` (request bodies -> uint8 batches,
 predictions -> response bodies), `batching` (which queued requests share one model call).
-Shell: `model` (load + warm up), `batcher` (the asyncio loop around one model), `app`
-(Starlette routes), `main` (logging, uvicorn).
+`errors` (the one error type, carrying an HTTP status).
+Shell: `model` (load + warm up), `batcher` (the asyncio loop around one model), `runner` (the
+Runner interface: what answers a model's requests, chosen once at load) and `tf_runner` (the
+SavedModel runners: TF Serving, the built-in classifier, code/inference.py hooks), `app`
+(Starlette routes shared by every runner), `main` (logging, uvicorn).
 """

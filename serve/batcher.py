@@ -19,6 +19,7 @@ from collections.abc import Callable, Hashable, Iterator
 from typing import Any
 
 from serve.batching import Piece, remaining_delay, select_batch, should_dispatch
+from serve.errors import ServeError
 
 # Runs one model call: the batch's key and its pieces' payloads -> one result per payload.
 Runner = Callable[[Hashable, list[Any]], list[Any]]
@@ -26,8 +27,11 @@ Runner = Callable[[Hashable, list[Any]], list[Any]]
 log = logging.getLogger(__name__)
 
 
-class OverloadedError(Exception):
+class OverloadedError(ServeError):
     """More rows wait than max_queued_images: refuse (503) rather than queue without end."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(503, f"overloaded: {message}")
 
 
 @dataclasses.dataclass

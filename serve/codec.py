@@ -8,7 +8,7 @@ Inputs (Content-Type):
   application/x-npy       a uint8 array, HxWx3 or NxHxWx3
 Outputs (Accept): application/json (default) or application/jsonlines.
 
-Every problem with a request raises RequestError with its HTTP status and a one-line message.
+Every problem with a request raises errors.ServeError with its HTTP status and a one-line message.
 """
 
 from __future__ import annotations
@@ -26,13 +26,12 @@ import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 from serve.batching import Piece
+from serve.errors import JSON, JSONLINES, ServeError, media_type
 from serve.tfs import json_document_text
 
 IMAGE_TYPES = frozenset(
     ("image/png", "image/jpeg", "application/x-image", "application/octet-stream")
 )
-JSON = "application/json"
-JSONLINES = "application/jsonlines"
 # Other spellings of JSON lines in use (SageMaker's TF Serving container accepts both).
 JSONLINES_ALIASES = frozenset((JSONLINES, "application/jsonl", "application/x-jsonlines"))
 NPY = "application/x-npy"
@@ -40,19 +39,6 @@ SUPPORTED_INPUTS = (*sorted(IMAGE_TYPES), JSON, JSONLINES, NPY)
 CUSTOM_ATTRIBUTES_TOP_K = "top_k"
 # PIL's decompression-bomb guard: a small file that would decode to gigabytes is refused.
 MAX_IMAGE_PIXELS = 64 * 1024 * 1024
-
-
-class RequestError(ValueError):
-    """A request the server refuses: `status` is the HTTP status, the message one line."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-def media_type(header: str | None) -> str:
-    """'Image/PNG; charset=binary' -> 'image/png'; a missing header -> ''."""
-    return (header or "").split(";", 1)[0].strip().lower()
 
 
 def choose_accept(header: str | None, default: str) -> str:
@@ -68,7 +54,7 @@ def choose_accept(header: str | None, default: str) -> str:
             return JSON
         if kind in JSONLINES_ALIASES:
             return JSONLINES
-    raise RequestError(406, f"cannot answer in {header.strip()!r}; Accept {JSON} or {JSONLINES}")
+    raise ServeError(406, f"cannot answer in {header.strip()!r}; Accept {JSON} or {JSONLINES}")
 
 
 def parse_top_k(custom_attributes: str | None, classes: int) -> int | None:
@@ -83,11 +69,11 @@ def parse_top_k(custom_attributes: str | None, classes: int) -> int | None:
         try:
             count = int(value.strip())
         except ValueError:
-            raise RequestError(
+            raise ServeError(
                 400, f"custom attribute top_k={value.strip()!r} is not an integer"
             ) from None
         if count < 1:
-            raise RequestError(400, f"custom attribute top_k={count} must be at least 1")
+            raise ServeError(400, f"custom attribute top_k={count} must be at least 1")
         return min(count, classes)
     return None
 
@@ -98,30 +84,28 @@ def parse_top_k(custom_attributes: str | None, classes: int) -> int | None:
 def decode_image(data: bytes, what: str = "image") -> np.ndarray:
     """Encoded image bytes (any format pillow reads) -> HxWx3 uint8 RGB."""
     if not data:
-        raise RequestError(400, f"{what}: empty body")
+        raise ServeError(400, f"{what}: empty body")
     try:
         with warnings.catch_warnings():
             # Above MAX_IMAGE_PIXELS pillow only warns; up to twice that, it raises. Refuse both.
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             with Image.open(io.BytesIO(data)) as image:
                 if image.width * image.height > MAX_IMAGE_PIXELS:
-                    raise RequestError(
+                    raise ServeError(
                         413,
                         f"{what}: {image.width}x{image.height} pixels is over the limit of "
                         f"{MAX_IMAGE_PIXELS}",
                     )
                 return np.asarray(image.convert("RGB"), dtype=np.uint8)
-    except RequestError:
+    except ServeError:
         raise
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
-        raise RequestError(413, f"{what}: {exc}") from None
+        raise ServeError(413, f"{what}: {exc}") from None
     except UnidentifiedImageError:
-        raise RequestError(400, f"{what}: not an image pillow can read") from None
+        raise ServeError(400, f"{what}: not an image pillow can read") from None
     except (OSError, ValueError, SyntaxError) as exc:
         # Truncated or corrupt data surfaces here, while decoding.
-        raise RequestError(
-            400, f"{what}: unreadable image ({' '.join(str(exc).split())})"
-        ) from None
+        raise ServeError(400, f"{what}: unreadable image ({' '.join(str(exc).split())})") from None
 
 
 def _image_array(value: Any, what: str) -> np.ndarray:
@@ -129,13 +113,13 @@ def _image_array(value: Any, what: str) -> np.ndarray:
     try:
         array = np.asarray(value)
     except ValueError:
-        raise RequestError(400, f"{what}: ragged nested lists, not an HxWx3 image") from None
+        raise ServeError(400, f"{what}: ragged nested lists, not an HxWx3 image") from None
     if array.ndim != 3 or array.shape[2] != 3 or array.shape[0] < 1 or array.shape[1] < 1:
-        raise RequestError(400, f"{what}: shape {list(array.shape)}, expected [H, W, 3]")
+        raise ServeError(400, f"{what}: shape {list(array.shape)}, expected [H, W, 3]")
     if array.dtype.kind not in "iu":
-        raise RequestError(400, f"{what}: values must be integers 0-255, got {array.dtype.name}")
+        raise ServeError(400, f"{what}: values must be integers 0-255, got {array.dtype.name}")
     if array.min() < 0 or array.max() > 255:
-        raise RequestError(400, f"{what}: values must be integers 0-255")
+        raise ServeError(400, f"{what}: values must be integers 0-255")
     return array.astype(np.uint8)
 
 
@@ -143,15 +127,15 @@ def decode_instance(instance: Any, what: str) -> np.ndarray:
     """One JSON instance: {"b64": "..."} (TF Serving's binary convention) or pixel lists."""
     if isinstance(instance, dict):
         if set(instance) != {"b64"} or not isinstance(instance["b64"], str):
-            raise RequestError(400, f'{what}: an object instance must be {{"b64": "<base64>"}}')
+            raise ServeError(400, f'{what}: an object instance must be {{"b64": "<base64>"}}')
         try:
             data = base64.b64decode(instance["b64"], validate=True)
         except (binascii.Error, ValueError):
-            raise RequestError(400, f"{what}: b64 is not valid base64") from None
+            raise ServeError(400, f"{what}: b64 is not valid base64") from None
         return decode_image(data, what)
     if isinstance(instance, list):
         return _image_array(instance, what)
-    raise RequestError(
+    raise ServeError(
         400, f'{what}: expected {{"b64": ...}} or HxWx3 lists, got {type(instance).__name__}'
     )
 
@@ -160,21 +144,21 @@ def _loads(text: bytes | str, what: str) -> Any:
     try:
         return json.loads(text)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise RequestError(400, f"{what}: malformed JSON ({exc})") from None
+        raise ServeError(400, f"{what}: malformed JSON ({exc})") from None
 
 
 def _decode_json(body: bytes) -> list[np.ndarray]:
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise RequestError(400, f"body: malformed JSON ({exc})") from None
+        raise ServeError(400, f"body: malformed JSON ({exc})") from None
     # SageMaker's rule: a bare list or value is the instances (the SDK's predict(array) body).
     document = _loads(json_document_text(text), "body")
     if not isinstance(document, dict) or "instances" not in document:
-        raise RequestError(400, 'JSON body must be {"instances": [...]}')
+        raise ServeError(400, 'JSON body must be {"instances": [...]}')
     instances = document["instances"]
     if not isinstance(instances, list) or not instances:
-        raise RequestError(400, '"instances" must be a non-empty list')
+        raise ServeError(400, '"instances" must be a non-empty list')
     return [decode_instance(item, f"instance {i}") for i, item in enumerate(instances)]
 
 
@@ -186,7 +170,7 @@ def _decode_jsonlines(body: bytes) -> list[np.ndarray]:
         what = f"line {number}"
         images.append(decode_instance(_loads(line, what), what))
     if not images:
-        raise RequestError(400, "JSON lines body has no instance")
+        raise ServeError(400, "JSON lines body has no instance")
     return images
 
 
@@ -194,15 +178,15 @@ def _decode_npy(body: bytes) -> list[np.ndarray]:
     try:
         array = np.load(io.BytesIO(body), allow_pickle=False)
     except (ValueError, OSError, EOFError) as exc:
-        raise RequestError(400, f"body: not a .npy array ({' '.join(str(exc).split())})") from None
+        raise ServeError(400, f"body: not a .npy array ({' '.join(str(exc).split())})") from None
     if not isinstance(array, np.ndarray):
-        raise RequestError(400, "body: not a single .npy array")
+        raise ServeError(400, "body: not a single .npy array")
     if array.dtype != np.uint8:
-        raise RequestError(400, f"npy array: dtype {array.dtype.name}, expected uint8")
+        raise ServeError(400, f"npy array: dtype {array.dtype.name}, expected uint8")
     if array.ndim == 3:
         array = array[np.newaxis]
     if array.ndim != 4 or array.shape[3] != 3 or min(array.shape) < 1:
-        raise RequestError(
+        raise ServeError(
             400, f"npy array: shape {list(array.shape)}, expected [H, W, 3] or [N, H, W, 3]"
         )
     return list(array)
@@ -225,7 +209,7 @@ def decode_body(body: bytes, content_type: str | None) -> list[np.ndarray]:
     if kind == NPY:
         return _decode_npy(body)
     shown = kind or "none"
-    raise RequestError(
+    raise ServeError(
         415, f"unsupported Content-Type {shown!r}; send one of {', '.join(SUPPORTED_INPUTS)}"
     )
 
@@ -283,7 +267,3 @@ def encode_predictions(
     if accept == JSONLINES:
         return "".join(json.dumps(entry) + "\n" for entry in entries).encode()
     return json.dumps({"predictions": list(entries)}).encode()
-
-
-def error_body(message: str) -> bytes:
-    return json.dumps({"error": message}).encode()

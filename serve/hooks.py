@@ -94,7 +94,7 @@ def install_requirements(model_dir: Path) -> None:
     """pip install -r code/requirements.txt into the image's Python; ModelError naming the
     package pip could not install."""
     # The entry point's reading of pip's output: one place for both.
-    from entrypoint.usercode import failed_requirement, last_error_line  # noqa: PLC0415
+    from smcommon.pipoutput import failed_requirement, last_error_line  # noqa: PLC0415
 
     requirements = code_dir(model_dir) / REQUIREMENTS
     if not requirements.is_file():

@@ -24,6 +24,7 @@ import numpy as np
 from serve import tfs
 from serve.batching import run_merged, split_rows
 from serve.discovery import LABELS_FILE, SAVED_MODEL, Catalog, ModelEntry, ModelError, discover
+from serve.errors import ServeError
 
 __all__ = ["ModelError", "Registry", "load_registry", "scan"]
 
@@ -121,7 +122,9 @@ class Registry:
 
     def run(self, key: Hashable, payloads: list[Any]) -> list[Any]:
         """The batcher's runner: one model call for the pieces of one key."""
-        kind = key[0] if isinstance(key, tuple) else None
+        if not isinstance(key, tuple):
+            raise ModelError(f"unknown batch key {key!r}")
+        kind = key[0]
         if kind == "image":
             predict = self.models[key[1]].predict_images
             if predict is None:
@@ -178,7 +181,7 @@ def _signature(function: Any, method: str) -> Signature:
             results = function(**arguments)
         except (ValueError, TypeError, tf.errors.InvalidArgumentError) as exc:
             # A shape or dtype the signature refuses: the request's fault.
-            raise tfs.TfsError(400, _one_line(exc)) from None
+            raise ServeError(400, _one_line(exc)) from None
         return {name: value.numpy() for name, value in results.items()}
 
     return Signature(spec, call)

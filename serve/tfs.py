@@ -1,6 +1,6 @@
 """TensorFlow Serving's REST API (predict, classify, regress) as SageMaker's TF Serving
 container exposes it on /invocations. Pure: bodies and headers in, numpy tensors or response
-bodies out, TfsError (status + one-line message) for anything refused.
+bodies out, ServeError (status + one-line message) for anything refused.
 
 Sources (read, not copied): tensorflow/serving 2.14 `util/json_tensor.cc` (request parsing,
 dtype rules, row/columnar responses, messages), `model_servers/http_server.cc` (status codes);
@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-JSON = "application/json"
-JSONLINES = "application/jsonlines"
+from serve.errors import JSON, JSONLINES, ServeError, media_type
+
 # What AWS's container routes to its JSON handler (the body decides what happens).
 JSON_TYPES = frozenset((JSON, JSONLINES, "application/jsons"))
 CSV = "text/csv"
@@ -31,21 +31,8 @@ DEFAULT_SIGNATURE = "serving_default"
 QUOTE_MAX_CHARS = 200
 
 
-class TfsError(Exception):
-    """A refused request: HTTP `status` and TF Serving's one-line message."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-
-    def status_string(self) -> str:
-        """tensorflow::Status::ToString(), as TF Serving nests it in other messages."""
-        prefix = {400: "Invalid argument", 404: "Not found", 501: "Unimplemented"}
-        return f"{prefix.get(self.status, 'Unknown')}: {self}"
-
-
-def invalid(message: str) -> TfsError:
-    return TfsError(400, message)
+def invalid(message: str) -> ServeError:
+    return ServeError(400, message)
 
 
 # --- signatures (filled from the SavedModel by the shell) ---------------------------------------
@@ -86,12 +73,6 @@ _TFS_KEYS = re.compile(r'"(instances|inputs|examples)"\s*:')
 _JSON_LINES = re.compile(r"[}\]]\s*[\[{]")
 _NESTED_LIST = re.compile(r"^\s*\[\s*\[")
 _NUMERIC_FIRST_FIELD = re.compile(r"^\s*[\d.Ee+\-]")
-
-
-def media_type(header: str | None) -> str:
-    """'Application/JSON; charset=utf-8' -> 'application/json' (AWS's container compares the
-    whole header and refuses parameters; we accept them)."""
-    return (header or "").split(";", 1)[0].strip().lower()
 
 
 def _text(body: bytes) -> str:
@@ -158,7 +139,7 @@ def request_document(body: bytes, content_type: str | None) -> Any:
         return parse_document(json_document_text(_text(body)))
     if kind == CSV:
         return csv_document(_text(body))
-    raise TfsError(415, f"Unsupported Media Type: {content_type or ''}")
+    raise ServeError(415, f"Unsupported Media Type: {content_type or ''}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -199,9 +180,9 @@ def accept_type(header: str | None) -> str:
     return JSON
 
 
-def not_found(name: str, version: int | None) -> TfsError:
+def not_found(name: str, version: int | None) -> ServeError:
     what = f"Latest({name})" if version is None else f"Specific({name}, {version})"
-    return TfsError(404, f"Servable not found for request: {what}")
+    return ServeError(404, f"Servable not found for request: {what}")
 
 
 # --- JSON values -> tensors (json_tensor.cc) ----------------------------------------------------
@@ -249,7 +230,7 @@ def _json_type(value: Any) -> str:
     return "Number"
 
 
-def _type_error(value: Any, dtype: str) -> TfsError:
+def _type_error(value: Any, dtype: str) -> ServeError:
     return invalid(
         f"JSON Value: {quote(value)} Type: {_json_type(value)} is not of expected type: "
         f"{type_name(dtype)}"
@@ -273,7 +254,7 @@ def _decode_b64(value: Any) -> bytes:
 
 
 def _convert(value: Any, dtype: str) -> Any:
-    """AddValueToTensor: one JSON scalar in the signature's dtype, or TfsError."""
+    """AddValueToTensor: one JSON scalar in the signature's dtype, or ServeError."""
     number = isinstance(value, int | float) and not isinstance(value, bool)
     if dtype in _FLOAT_EXACT:
         if not number:
@@ -303,7 +284,7 @@ def _convert(value: Any, dtype: str) -> Any:
         if not isinstance(value, str):
             raise _type_error(value, dtype)
         return value.encode("utf-8")
-    raise TfsError(501, f"Conversion of JSON Value: {quote(value)} to type: {type_name(dtype)}")
+    raise ServeError(501, f"Conversion of JSON Value: {quote(value)} to type: {type_name(dtype)}")
 
 
 def dense_shape(value: Any) -> list[int]:
@@ -402,7 +383,7 @@ def tensors_from_instances(
             for name, value in element.items():
                 try:
                     _add_item(value, name, inputs, items)
-                except TfsError as exc:
+                except ServeError as exc:
                     # Wrapped as InvalidArgument whatever the cause (a 501 becomes a 400).
                     raise invalid(
                         f"Failed to process element: {count} key: {name} of 'instances' list. "
@@ -418,7 +399,7 @@ def tensors_from_instances(
                 raise invalid(f"Expecting value/list but got object at item {count} of input list")
             try:
                 _add_item(element, names[0], inputs, items)
-            except TfsError as exc:
+            except ServeError as exc:
                 raise invalid(
                     f"Failed to process element: {count} of 'instances' list. "
                     f"Error: {exc.status_string()}",
@@ -499,6 +480,7 @@ def _feature(name: str, content: Any) -> Feature:
     values = content if isinstance(content, list) else [content]
     kind: str | None = None
     out: list[Any] = []
+    item: Any
     for value in values:
         if (
             value is None
@@ -624,6 +606,7 @@ def classify_results(outputs: Mapping[str, np.ndarray]) -> list[list[list[Any]]]
     if scores is None and classes is None:
         raise invalid("classify signature has neither 'classes' nor 'scores' outputs")
     reference = scores if scores is not None else classes
+    assert reference is not None  # noqa: S101  (one of the two, checked above)
     rows = reference.reshape(reference.shape[0], -1)
     score_values = _values("scores", scores.reshape(rows.shape)) if scores is not None else None
     class_values = _values("classes", classes.reshape(rows.shape)) if classes is not None else None
@@ -649,10 +632,6 @@ def examples_response(outputs: Mapping[str, np.ndarray], method: str) -> bytes:
     return _dumps({"results": _values("outputs", values.reshape(values.shape[0]))})
 
 
-def error_body(message: str) -> bytes:
-    return json.dumps({"error": message}).encode()
-
-
 # --- TF Serving's own URLs (/v1/models/...), served on the loopback for inference.py ---------
 
 _MODEL_PATH = re.compile(r"^(?P<name>[^/:]+)(?:/versions/(?P<version>\d+))?(?::(?P<method>\w+))?$")
@@ -662,7 +641,7 @@ def parse_model_path(path: str) -> tuple[str, int | None, str | None]:
     """'half/versions/2:predict' (after /v1/models/) -> ('half', 2, 'predict')."""
     match = _MODEL_PATH.match(path)
     if match is None:
-        raise TfsError(404, f"Malformed request: /v1/models/{path}")
+        raise ServeError(404, f"Malformed request: /v1/models/{path}")
     version = match.group("version")
     return match.group("name"), None if version is None else int(version), match.group("method")
 

@@ -19,7 +19,6 @@ import pytest
 
 from entrypoint import session as session_module
 from entrypoint.coordination import MasterChannel, WorkerChannel
-from entrypoint.failure import Failure, Reason
 from entrypoint.protocol import (
     BOTH_WAYS,
     MESSAGES,
@@ -40,6 +39,7 @@ from entrypoint.protocol import (
     session_key,
 )
 from entrypoint.session import ChannelTiming, RequestFailedError, Session, SessionLostError
+from smcommon.failure import Failure, Reason
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from entrypoint.failure import MESSAGE_LIMIT, Failure, Reason, format_failure, record_failure
+from smcommon.failure import MESSAGE_LIMIT, Failure, Reason, format_failure, record_failure
 
 
 def test_failure_line_is_one_capped_line(tmp_path):

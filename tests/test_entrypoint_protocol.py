@@ -7,7 +7,6 @@ import struct
 
 import pytest
 
-from entrypoint.failure import Failure, Reason, parse_failure
 from entrypoint.protocol import (
     CATALOG,
     MAX_FRAME_BYTES,
@@ -44,6 +43,7 @@ from entrypoint.protocol import (
     suspect_peers,
     version_refusal,
 )
+from smcommon.failure import Failure, Reason, parse_failure
 
 JOB_KEY = derive_job_key(b"job secret")
 MASTER_NONCE = bytes(range(16))

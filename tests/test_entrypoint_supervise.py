@@ -17,10 +17,10 @@ import pytest
 
 from entrypoint import supervise
 from entrypoint.contract import parse_contract
-from entrypoint.failure import Failure, Reason
 from entrypoint.launchers import KILL_WAIT_S, ErrorLine
 from entrypoint.plan import JobPlan, make_plan
 from entrypoint.protocol import Exited, Verdict
+from smcommon.failure import Failure, Reason
 
 HOSTS = ("algo-1", "algo-2", "algo-3")
 GRACE_S = 30.0

@@ -12,7 +12,6 @@ import pytest
 
 from entrypoint.contract import Backend, ContractError, parse_contract
 from entrypoint.coordination import CHANNEL_PORT
-from entrypoint.failure import STOPPED_EXIT_CODE, Failure, Reason
 from entrypoint.launchers import ErrorLine, ProgramPart, TaskGroupPart
 from entrypoint.plan import (
     BACKEND_ENV,
@@ -34,6 +33,7 @@ from entrypoint.tf_config import (
     ps_tasks,
     tf_config,
 )
+from smcommon.failure import STOPPED_EXIT_CODE, Failure, Reason
 
 HOSTS = ("algo-1", "algo-2", "algo-3")
 MWMS = "sagemaker_multi_worker_mirrored_strategy_enabled"

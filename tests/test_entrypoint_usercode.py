@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from entrypoint.usercode import failed_requirement, last_error_line
+from smcommon.pipoutput import failed_requirement, last_error_line
 
 
 @pytest.mark.parametrize(

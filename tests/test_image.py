@@ -76,6 +76,13 @@ def test_the_rsh_agent_is_a_standard_library_script(docker, image):
     assert "usage: HOST COMMAND..." in result.stderr
 
 
+def test_the_tensorflow_images_register_both_program_checks(docker, image):
+    """The entry point imports neither the model nor tf_s3: their checks are registered."""
+    code = "from entrypoint.main import registered_checks; print(sorted(registered_checks()))"
+    result = run(docker, "run", "--rm", "--entrypoint", "python", image, "-c", code)
+    assert result.stdout.strip() == "['builtin_program', 'model_dir']", result
+
+
 def _layer_files(docker: str, image: str) -> Iterator[tuple[str, str, bytes]]:
     """(layer, path, content) of every regular file up to 1 MiB in every layer of the image,
     streamed from `docker save` (whole layers, so files later deleted are seen too)."""

@@ -17,9 +17,11 @@ import pytest
 from PIL import Image
 from starlette.testclient import TestClient
 
-from serve.app import Loaded, create_app
+from serve.app import create_app
 from serve.model import Model, Registry, Version
+from serve.runner import Runner
 from serve.settings import Settings
+from serve.tf_runner import Loaded, compose
 
 CLASSES = ("dark", "light")
 
@@ -38,11 +40,11 @@ class FakeModel:
         self.loaded = loaded
         self.batch_sizes: list[int] = []
 
-    def load(self, _settings: Settings) -> Loaded:
+    def load(self, settings: Settings) -> Runner:
         if self.loaded is not None:
             self.loaded.wait(10)
         model = Model("model", {1: Version(1, {})}, 1, CLASSES, self.predict)
-        return Loaded(Registry({"model": model}, "model"))
+        return compose(Loaded(Registry({"model": model}, "model")), settings)
 
     def predict(self, images: np.ndarray) -> np.ndarray:
         time.sleep(self.delay_s)

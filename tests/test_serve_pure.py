@@ -12,6 +12,7 @@ import pytest
 from PIL import Image
 
 from serve import batching, codec
+from serve.errors import ServeError
 from serve.model import ModelError, parse_classes, scan
 from serve.settings import Settings, SettingsError, execution_parameters, settings_from_env
 
@@ -139,7 +140,7 @@ def test_choose_accept(header: str | None, chosen: str) -> None:
 
 
 def test_choose_accept_refuses_what_we_cannot_produce() -> None:
-    with pytest.raises(codec.RequestError, match="cannot answer in 'text/csv'") as caught:
+    with pytest.raises(ServeError, match="cannot answer in 'text/csv'") as caught:
         codec.choose_accept("text/csv", "application/json")
     assert caught.value.status == 406
 
@@ -164,7 +165,7 @@ def test_parse_top_k(attributes: str | None, top_k: int | None) -> None:
     [("top_k=three", "top_k='three' is not an integer"), ("top_k=0", "top_k=0 must be at least 1")],
 )
 def test_parse_top_k_rejects_bad_counts(attributes: str, message: str) -> None:
-    with pytest.raises(codec.RequestError, match=message) as caught:
+    with pytest.raises(ServeError, match=message) as caught:
         codec.parse_top_k(attributes, classes=10)
     assert caught.value.status == 400
 
@@ -265,7 +266,7 @@ def npy(array: np.ndarray) -> bytes:
 def test_bad_bodies_get_one_clear_line_and_status(
     body: bytes, content_type: str | None, status: int, message: str
 ) -> None:
-    with pytest.raises(codec.RequestError, match=message) as caught:
+    with pytest.raises(ServeError, match=message) as caught:
         codec.decode_body(body, content_type)
     assert caught.value.status == status
     assert "\n" not in str(caught.value)
@@ -273,7 +274,7 @@ def test_bad_bodies_get_one_clear_line_and_status(
 
 def test_decompression_bomb_is_413(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(codec, "MAX_IMAGE_PIXELS", 10)
-    with pytest.raises(codec.RequestError, match="5x4 pixels is over the limit") as caught:
+    with pytest.raises(ServeError, match="5x4 pixels is over the limit") as caught:
         codec.decode_body(png(PIXELS), "image/png")
     assert caught.value.status == 413
 

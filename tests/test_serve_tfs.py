@@ -19,11 +19,13 @@ import pytest
 from starlette.testclient import TestClient
 
 from serve import hooks, page, tfs
-from serve.app import Loaded, create_app
+from serve.app import create_app
 from serve.batching import run_merged
 from serve.discovery import ModelError, discover
+from serve.errors import ServeError
 from serve.model import Model, Registry, Signature, Version
 from serve.settings import Settings, settings_from_env
+from serve.tf_runner import Loaded, compose
 
 F32 = tfs.TensorSpec("float32", None)
 
@@ -80,7 +82,7 @@ def test_csv_one_instance_per_line(body: str, document: dict) -> None:
 def test_request_document_errors(
     body: bytes, content_type: str | None, status: int, message: str
 ) -> None:
-    with pytest.raises(tfs.TfsError) as caught:
+    with pytest.raises(ServeError) as caught:
         tfs.request_document(body, content_type)
     assert caught.value.status == status
     assert str(caught.value).startswith(message), str(caught.value)
@@ -116,7 +118,7 @@ def test_custom_attributes(header: str | None, expected: tfs.CustomAttributes) -
     ],
 )
 def test_custom_attributes_refused(header: str, message: str) -> None:
-    with pytest.raises(tfs.TfsError, match=f"^{message}$"):
+    with pytest.raises(ServeError, match=f"^{message}$"):
         tfs.parse_custom_attributes(header)
 
 
@@ -182,7 +184,7 @@ def test_tensors_keep_the_signature_dtype() -> None:
     ],
 )
 def test_dtype_and_shape_rules(value: object, dtype: str, status: int, message: str) -> None:
-    with pytest.raises(tfs.TfsError) as caught:
+    with pytest.raises(ServeError) as caught:
         tfs.to_tensor(value, dtype)
     assert caught.value.status == status
     assert str(caught.value).startswith(message), str(caught.value)
@@ -239,7 +241,7 @@ def test_row_and_columnar_inputs() -> None:
 )
 def test_predict_request_errors(document: object, message: str) -> None:
     signatures = {"serving_default": tfs.SignatureSpec(TWO_INPUTS, {"y": F32})}
-    with pytest.raises(tfs.TfsError) as caught:
+    with pytest.raises(ServeError) as caught:
         tfs.parse_predict(document, signatures)
     assert caught.value.status == 400
     assert str(caught.value).startswith(message), str(caught.value)
@@ -258,10 +260,10 @@ def test_examples_for_classify_and_regress() -> None:
         {"c": ("bytes", [b"k"]), "n": ("int64", [1]), "b": ("bytes", [b"\x00"])},
     ]
     with pytest.raises(
-        tfs.TfsError, match="Unexpected element type in feature: x expecting type: float"
+        ServeError, match="Unexpected element type in feature: x expecting type: float"
     ):
         tfs.parse_examples({"examples": [{"x": [1.5, 2]}]}, "classify")
-    with pytest.raises(tfs.TfsError, match="When method is classify, key 'examples' is expected"):
+    with pytest.raises(ServeError, match="When method is classify, key 'examples' is expected"):
         tfs.parse_examples({"instances": [1]}, "classify")
 
 
@@ -293,10 +295,10 @@ def test_responses_are_tf_servings() -> None:
             "label": ["cat", "dog"],
         }
     }
-    with pytest.raises(tfs.TfsError, match=r"^Tensor name: s has no shape information $"):
+    with pytest.raises(ServeError, match=r"^Tensor name: s has no shape information $"):
         tfs.predict_response({"s": np.float32(1)}, columnar=False)
     with pytest.raises(
-        tfs.TfsError, match="Tensor name: b has inconsistent batch size: 3 expecting: 2"
+        ServeError, match="Tensor name: b has inconsistent batch size: 3 expecting: 2"
     ):
         tfs.predict_response({"a": np.zeros(2), "b": np.zeros(3)}, columnar=False)
     classified = {
@@ -315,7 +317,7 @@ def test_responses_are_tf_servings() -> None:
 def test_model_paths() -> None:
     assert tfs.parse_model_path("half") == ("half", None, None)
     assert tfs.parse_model_path("half/versions/2:regress") == ("half", 2, "regress")
-    with pytest.raises(tfs.TfsError, match="Malformed request"):
+    with pytest.raises(ServeError, match="Malformed request"):
         tfs.parse_model_path("half/labels/x:predict")
 
 
@@ -424,7 +426,7 @@ def _signature(
     def call(tensors: dict) -> dict:
         for name, value in tensors.items():
             if spec.inputs[name].shape is not None and value.ndim != len(spec.inputs[name].shape):
-                raise tfs.TfsError(400, f"ValueError: {name} has rank {value.ndim}")
+                raise ServeError(400, f"ValueError: {name} has rank {value.ndim}")
         return fn(**tensors)
 
     return Signature(spec, call)
@@ -500,7 +502,7 @@ def client(calls: Calls, model_dir: Path | None = None, **settings) -> TestClien
     found = hooks.load_hooks(model_dir) if model_dir else None
     app = create_app(
         Settings(model_dir=model_dir or Path("/nonexistent"), **settings),
-        loader=lambda _s: Loaded(registry(calls), found),
+        loader=lambda s: compose(Loaded(registry(calls), found), s),
     )
     return TestClient(app, raise_server_exceptions=False)
 

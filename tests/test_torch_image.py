@@ -128,6 +128,20 @@ def test_sigterm_checkpoints_exits_143_and_the_next_run_resumes(make_cluster, di
 
 
 @docker_with_torch_image
+def test_the_torch_image_carries_no_tensorflow_code(docker, image):
+    """No built-in model, no tf_s3, no check of theirs: the entry point imports neither."""
+    code = (
+        "import importlib.util as u; from entrypoint.main import registered_checks; "
+        "print(sorted(registered_checks()), u.find_spec('model'), u.find_spec('tf_s3'))"
+    )
+    result = subprocess.run(
+        [docker, "run", "--rm", "--entrypoint", "python", image, "-c", code],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert result.stdout.strip() == "[] None None", result
+
+
+@docker_with_torch_image
 def test_builtin_model_and_serve_are_refused_in_one_line(make_cluster, docker, image):
     cluster = make_cluster(1)
     cluster.start()

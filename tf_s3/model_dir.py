@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from urllib.parse import urlparse
 
+from smcommon.names import MODEL_DIR_PARAM
+
 # The answers that mean the bucket does not exist (HeadBucket's 404, other calls' code).
 _MISSING = frozenset({"404", "NoSuchBucket"})
 # Bounded: the check must not delay a job whose network has no route to S3 by much.
@@ -66,3 +68,12 @@ def head_bucket_error_code(env: Mapping[str, str]) -> Callable[[str], str | None
         return None
 
     return error_code
+
+
+def check_model_dir(hyperparameters: Mapping[str, str], env: Mapping[str, str]) -> str | None:
+    """The entry point's check for every job (registered in pyproject.toml): an s3:// model_dir
+    on a bucket that does not exist is one line at start, not a failure deep in a rank."""
+    model_dir = hyperparameters.get(MODEL_DIR_PARAM, "")
+    if not model_dir.startswith("s3://"):
+        return None
+    return missing_bucket_message(MODEL_DIR_PARAM, model_dir, head_bucket_error_code(env))

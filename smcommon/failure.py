@@ -16,7 +16,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from entrypoint.names import STOPPED_EXIT_CODE
+from smcommon.names import STOPPED_EXIT_CODE
 
 # SageMaker keeps the first 1024 characters of FailureReason; mpi-operator caps its event
 # messages at the same length (eventMessageLimit = 1024).

@@ -43,3 +43,16 @@ EXIT_LINE = "exiting with code"
 WORKER_SILENCE_LINE = "longest silence of a live worker"
 # A worker's, at its end: "longest silence of the master: S s".
 MASTER_SILENCE_LINE = "longest silence of the master"
+
+# --------------------------------------------------------------------------------------------
+# Program checks: what the entry point runs before any process starts, registered by the
+# packages that know the program (pyproject.toml's entry points), so the entry point imports none
+# of them. Each is `check(hyperparameters, env) -> str | None`: None, or the one-line error.
+
+PROGRAM_CHECKS_GROUP = "sm_horovod.program_checks"
+# Every job: an s3:// model_dir on a bucket that does not exist (tf_s3).
+MODEL_DIR_CHECK = "model_dir"
+# The built-in model only: its hyperparameters, with the model's own parser (model.hparams).
+BUILTIN_PROGRAM_CHECK = "builtin_program"
+# The TensorFlow estimator's hyperparameter, passed to scripts as --model_dir.
+MODEL_DIR_PARAM = "model_dir"

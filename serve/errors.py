@@ -1,0 +1,40 @@
+"""What every part of the server shares about HTTP: the one error type (a status and a one-line
+message), the JSON media types, and the error body. Pure."""
+
+from __future__ import annotations
+
+import json
+
+JSON = "application/json"
+JSONLINES = "application/jsonlines"
+
+# tensorflow::Status::ToString()'s prefix for a status, as TF Serving nests one error in another.
+_STATUS_PREFIX = {400: "Invalid argument", 404: "Not found", 501: "Unimplemented"}
+
+
+class ServeError(Exception):
+    """A request (or a load) the server refuses: `status` is the HTTP status, the message one
+    line. Every runner, codec and route raises this one type; the app turns it into
+    `{"error": message}` with that status."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+    def status_string(self) -> str:
+        """tensorflow::Status::ToString(), as TF Serving nests it in other messages."""
+        return f"{_STATUS_PREFIX.get(self.status, 'Unknown')}: {self}"
+
+
+def media_type(header: str | None) -> str:
+    """'Application/JSON; charset=utf-8' -> 'application/json'; a missing header -> ''."""
+    return (header or "").split(";", 1)[0].strip().lower()
+
+
+def error_body(message: str) -> bytes:
+    return json.dumps({"error": message}).encode()
+
+
+def one_line(exc: BaseException) -> str:
+    """'TypeName: message' on one line (for errors that are not ServeError)."""
+    return " ".join(f"{type(exc).__name__}: {exc}".split())
