@@ -29,7 +29,7 @@ from serve.discovery import ModelError
 from serve.errors import JSON, ServeError, error_body, one_line
 from serve.logs import configure_logging
 from serve.runner import Incoming, Outgoing, Runner
-from serve.settings import Settings, execution_parameters, settings_from_env
+from serve.settings import PYTORCH, Settings, execution_parameters, settings_from_env
 
 log = logging.getLogger("serve")
 
@@ -38,8 +38,12 @@ Loader = Callable[[Settings], Runner]
 
 
 def load_model(settings: Settings) -> Runner:
-    """The default loader: the runner is chosen here, once, from what the folder holds. Its
-    framework is imported only here, after the choice."""
+    """The default loader: the runner is chosen here, once, from the image's framework and what
+    the folder holds. Its framework is imported only here, after the choice."""
+    if settings.framework == PYTORCH:
+        from serve import torch_runner  # noqa: PLC0415
+
+        return torch_runner.load(settings)
     from serve.tf_runner import compose, load_archive  # noqa: PLC0415
 
     return compose(load_archive(settings.model_dir, settings.default_model), settings)

@@ -18,10 +18,10 @@ from collections.abc import Sequence
 
 import uvicorn
 
-from serve import hooks
+from serve import hooks, torch_io
 from serve.logs import configure_logging
 from serve.model import ModelError, scan
-from serve.settings import SettingsError, settings_from_env
+from serve.settings import PYTORCH, SettingsError, settings_from_env
 
 log = logging.getLogger("serve")
 
@@ -37,7 +37,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     try:
         settings = settings_from_env(os.environ)
-        archive = scan(settings.model_dir, settings.default_model)
+        if settings.framework == PYTORCH:
+            torch_io.check_model_dir(settings.model_dir)
+            described, default = f"a PyTorch model ({settings.model_dir.name or 'model'})", ""
+        else:
+            archive = scan(settings.model_dir, settings.default_model)
+            described = ", ".join(
+                f"{m.name} {'/'.join(str(v) for v, _ in m.versions)}"
+                for m in archive.catalog.models
+            )
+            default = f" (default {archive.catalog.default})"
         # code/requirements.txt before any worker imports code/inference.py.
         hooks.install_requirements(settings.model_dir)
     except (SettingsError, ModelError) as exc:
@@ -50,12 +59,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             filter(None, [str(lib), os.environ.get("PYTHONPATH")])
         )
     log.info(
-        "serving %s from %s (default %s) on port %d with %d worker(s)",
-        ", ".join(
-            f"{m.name} {'/'.join(str(v) for v, _ in m.versions)}" for m in archive.catalog.models
-        ),
+        "serving %s from %s%s on port %d with %d worker(s)",
+        described,
         settings.model_dir,
-        archive.catalog.default,
+        default,
         settings.port,
         settings.workers,
     )

@@ -21,6 +21,12 @@ DEFAULT_GRACEFUL_TIMEOUT_S = 25.0
 # (AWS's guide shows MULTI_RECORD; SAGEMAKER_BATCH_STRATEGY may come either way).
 BATCH_STRATEGIES = ("MultiRecord", "SingleRecord")
 ACCEPT_TYPES = ("application/json", "application/jsonlines")
+# The PyTorch runner's (SageMaker's PyTorch inference toolkit's default output_fn).
+TORCH_ACCEPT_TYPES = ("application/json", "text/csv", "application/x-npy")
+TENSORFLOW = "tensorflow"
+PYTORCH = "pytorch"
+# Set in each image (Dockerfile): "torch"/"torch-cpu" in the PyTorch images.
+IMAGE_FLAVOR_ENV = "SM_IMAGE_FLAVOR"
 
 
 class SettingsError(ValueError):
@@ -47,6 +53,8 @@ class Settings:
     access_log: bool = False
     # SAGEMAKER_TFS_DEFAULT_MODEL_NAME: which model of several answers by default.
     default_model: str | None = None
+    # Which runner serves the model folder: the image's framework (SM_IMAGE_FLAVOR), chosen once.
+    framework: str = TENSORFLOW
 
     @property
     def max_payload_mb(self) -> int:
@@ -105,6 +113,8 @@ def settings_from_env(env: Mapping[str, str]) -> Settings:
     """Every variable is optional (empty counts as unset); a malformed one raises SettingsError
     naming it."""
     values: dict[str, object] = {}
+    framework = PYTORCH if env.get(IMAGE_FLAVOR_ENV, "").startswith("torch") else TENSORFLOW
+    values["framework"] = framework
     if env.get("SM_SERVE_MODEL_DIR"):
         values["model_dir"] = Path(env["SM_SERVE_MODEL_DIR"])
     if env.get("SAGEMAKER_TFS_DEFAULT_MODEL_NAME", "").strip():
@@ -115,8 +125,13 @@ def settings_from_env(env: Mapping[str, str]) -> Settings:
     for name, field, allowed, normalize in _CHOICES:
         if env.get(name, "").strip():
             value = normalize(env[name].strip())
-            if value not in allowed:
-                raise SettingsError(f"{name}={value!r} must be one of {', '.join(allowed)}")
+            choices = (
+                TORCH_ACCEPT_TYPES
+                if field == "default_accept" and framework == PYTORCH
+                else allowed
+            )
+            if value not in choices:
+                raise SettingsError(f"{name}={value!r} must be one of {', '.join(choices)}")
             values[field] = value
     for name, field in _FLAGS:
         if name in env:

@@ -23,13 +23,16 @@ from __future__ import annotations
 import inspect
 import io
 import json
+import os
 from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from serve.codec import RequestError, media_type
+from serve import hooks
 from serve.discovery import ModelError
+from serve.errors import ServeError, media_type
 
 JSON = "application/json"
 CSV = "text/csv"
@@ -54,7 +57,7 @@ def decode(body: bytes, content_type: str | None) -> np.ndarray:
     """The default input_fn's decoding: JSON and CSV to float32, .npy as saved."""
     kind = media_type(content_type)
     if kind not in CONTENT_TYPES:
-        raise RequestError(
+        raise ServeError(
             415,
             f"Content-Type {kind or 'missing'!r} is not one the default input_fn decodes "
             f"({', '.join(CONTENT_TYPES)}); define input_fn in code/inference.py for others",
@@ -74,7 +77,7 @@ def decode(body: bytes, content_type: str | None) -> np.ndarray:
         return array
     except (ValueError, TypeError, OSError, EOFError, UnicodeDecodeError) as error:
         reason = " ".join(str(error).split()) or type(error).__name__
-        raise RequestError(400, f"the body is not {kind} the model can take: {reason}") from None
+        raise ServeError(400, f"the body is not {kind} the model can take: {reason}") from None
 
 
 def choose_accept(header: str | None, default: str) -> str:
@@ -88,7 +91,7 @@ def choose_accept(header: str | None, default: str) -> str:
             return default
         if kind in CONTENT_TYPES:
             return kind
-    raise RequestError(
+    raise ServeError(
         406, f"cannot answer in {header.strip()!r}; Accept one of {', '.join(CONTENT_TYPES)}"
     )
 
@@ -173,3 +176,14 @@ def as_response(value: Any, accept: str) -> tuple[bytes, str]:
     if isinstance(value, str):
         return value.encode("utf-8"), content_type
     return encode(value, content_type if content_type in CONTENT_TYPES else JSON), content_type
+
+
+def check_model_dir(model_dir: Path) -> None:
+    """What `serve` checks before anything listens (one line and exit 2, as for a folder without
+    a SavedModel in the TensorFlow images): the folder exists, and without code/inference.py it
+    holds the one TorchScript file the default model_fn loads. With inference.py, the worker's
+    load says what is wrong (its model_fn, or the default's file)."""
+    if not model_dir.is_dir():
+        raise ModelError(f"model folder {model_dir} does not exist")
+    if not (model_dir / hooks.CODE_DIR / hooks.SCRIPT).is_file():
+        choose_model_file(os.listdir(model_dir))

@@ -2,14 +2,17 @@
 pure part and the reference) on torch, in the torch image only (this module imports torch;
 nothing in the TensorFlow images imports it).
 
-One TorchRunner per worker process, made after the fork: code/requirements.txt installed,
-code/lib first on the import path, code/inference.py imported, model_fn (or the default
-TorchScript load) run once. `invoke` then does one request: input_fn, predict_fn, output_fn
-(or transform_fn), each the user's or the default.
+One TorchRunner per worker process, made after the fork (app.py's loader): code/lib first on
+the import path, code/inference.py imported, model_fn (or the default TorchScript load) run once
+(`serve` installed code/requirements.txt before any worker started). `PytorchRunner.invoke`
+then does one request in a worker thread: input_fn, predict_fn, output_fn (or transform_fn),
+each the user's or the default. The server around it (routes, /ping, drain, page, settings) is
+the TensorFlow images' own (app.py).
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import importlib.util
 import logging
@@ -20,12 +23,15 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import anyio.to_thread
 import numpy as np
 import torch
 
 from serve import hooks, torch_io
-from serve.codec import RequestError, media_type
 from serve.discovery import ModelError
+from serve.errors import ServeError, media_type
+from serve.runner import Incoming, ModelInfo, Outgoing, Runner
+from serve.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -38,10 +44,6 @@ class Context:
     model_name: str
     system_properties: Mapping[str, Any]
     request_headers: Mapping[str, str] = dataclasses.field(default_factory=dict)
-
-
-class HookError(Exception):
-    """The user's hook raised while answering a request: 500, the message in one line."""
 
 
 def _one_line(error: BaseException) -> str:
@@ -138,16 +140,16 @@ class TorchRunner:
             args = (*args, self.context)
         try:
             return function(*args)
-        except RequestError:
+        except ServeError:
             raise
         except Exception as exc:  # the user's hook: a 500 naming it
-            raise HookError(f"{name} raised {_one_line(exc)}") from exc
+            raise ServeError(500, f"{name} raised {_one_line(exc)}") from exc
 
     def invoke(
         self, body: bytes, content_type: str | None, accept: str | None, default_accept: str
     ) -> tuple[bytes, str]:
-        """One request: (response body, its content type). RequestError for the client's
-        errors (4xx), HookError for the user's code raising (500)."""
+        """One request: (response body, its content type). ServeError: 4xx for the client's
+        errors the defaults find, 500 for the user's hook raising (one line naming it)."""
         accept = accept.strip() if accept else ""
         if not accept or accept == "*/*":
             accept = default_accept
@@ -156,7 +158,7 @@ class TorchRunner:
             try:
                 data = body.decode("utf-8")
             except UnicodeDecodeError as exc:
-                raise RequestError(400, f"the body is not UTF-8 text: {exc}") from None
+                raise ServeError(400, f"the body is not UTF-8 text: {exc}") from None
         if self.transform_fn is not None:
             result = self._call(
                 "transform_fn", self.transform_fn, self.model, data, content_type, accept
@@ -169,8 +171,8 @@ class TorchRunner:
 
 
 def load_runner(model_dir: Path, model_name: str = "model") -> TorchRunner:
-    """Everything a worker does once: requirements, code/lib, inference.py, model_fn."""
-    hooks.install_requirements(model_dir)
+    """Everything a worker does once: code/lib, inference.py, model_fn."""
+    hooks.add_lib_to_path(model_dir)
     module = import_script(model_dir)
     where = str(hooks.code_dir(model_dir) / hooks.SCRIPT)
     user = {
@@ -210,3 +212,61 @@ def load_runner(model_dir: Path, model_name: str = "model") -> TorchRunner:
         transform_fn=user.get("transform_fn"),
         with_context=with_context,
     )
+
+
+class PytorchRunner:
+    """The Runner (runner.py) for a PyTorch model: one model, answered by TorchRunner in a
+    worker thread (torch releases the GIL while it computes)."""
+
+    def __init__(self, loaded: TorchRunner, settings: Settings, model_name: str) -> None:
+        self.loaded = loaded
+        self.settings = settings
+        self._models = (ModelInfo(model_name, (1,)),)
+
+    @property
+    def models(self) -> tuple[ModelInfo, ...]:
+        return self._models
+
+    @property
+    def summary(self) -> str:
+        hooks_used = sorted(
+            name
+            for name in torch_io.HOOK_NAMES
+            if getattr(self.loaded, name, None) not in (None, *_DEFAULTS)
+        )
+        described = f"code/inference.py {', '.join(hooks_used)}" if hooks_used else "defaults"
+        return f"PyTorch on {device()} ({described})"
+
+    def start(self) -> None:
+        """Nothing runs between requests."""
+
+    async def stop(self) -> None:
+        """Nothing to stop."""
+
+    async def rest(self, method: str, path: str, incoming: Incoming) -> Outgoing:
+        raise ServeError(
+            404, "/v1/models/ is TF Serving's API; a PyTorch model answers /invocations"
+        )
+
+    async def invoke(self, incoming: Incoming) -> Outgoing:
+        body = await incoming.read_body()
+        call = anyio.to_thread.run_sync(
+            self.loaded.invoke,
+            body,
+            incoming.header("content-type"),
+            incoming.header("accept"),
+            self.settings.default_accept,
+            abandon_on_cancel=True,
+        )
+        answer, answer_type = await asyncio.wait_for(call, self.settings.request_timeout_s)
+        return Outgoing(200, answer, answer_type)
+
+
+_DEFAULTS = (default_input_fn, default_predict_fn, default_output_fn)
+
+
+def load(settings: Settings) -> Runner:
+    """app.py's loader for the PyTorch images."""
+    torch_io.check_model_dir(settings.model_dir)
+    name = settings.model_dir.name or "model"
+    return PytorchRunner(load_runner(settings.model_dir, name), settings, name)

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from serve import torch_io
-from serve.codec import RequestError
 from serve.discovery import ModelError
+from serve.errors import ServeError
 
 
 def npy(array: np.ndarray) -> bytes:
@@ -59,7 +59,7 @@ def test_json_and_csv_decode_to_float32_npy_keeps_its_dtype():
 def test_bodies_the_default_input_fn_cannot_take_are_4xx_in_one_line(
     body, content_type, status, message
 ):
-    with pytest.raises(RequestError) as raised:
+    with pytest.raises(ServeError) as raised:
         torch_io.decode(body, content_type)
     assert raised.value.status == status
     assert "\n" not in str(raised.value)
@@ -70,7 +70,7 @@ def test_bodies_the_default_input_fn_cannot_take_are_4xx_in_one_line(
 
 
 def test_npy_with_pickled_objects_is_refused():
-    with pytest.raises(RequestError) as raised:
+    with pytest.raises(ServeError) as raised:
         torch_io.decode(npy(np.array([{"a": 1}], dtype=object)), "application/x-npy")
     assert raised.value.status == 400
 
@@ -91,7 +91,7 @@ def test_accept_chooses_the_first_type_written(header, expected):
 
 
 def test_an_accept_nothing_is_written_in_is_406():
-    with pytest.raises(RequestError) as raised:
+    with pytest.raises(ServeError) as raised:
         torch_io.choose_accept("image/png", "application/json")
     assert raised.value.status == 406
     assert str(raised.value) == (
@@ -163,3 +163,29 @@ def test_what_output_fn_returns_becomes_the_response():
         "application/vnd+json",
     )
     assert torch_io.as_response([1, 2], "application/json") == (b"[1, 2]", "application/json")
+
+
+def test_the_torch_images_choose_the_pytorch_runner_and_its_accept_types():
+    from serve.settings import PYTORCH, TENSORFLOW, SettingsError, settings_from_env
+
+    assert settings_from_env({}).framework == TENSORFLOW
+    assert settings_from_env({"SM_IMAGE_FLAVOR": "cpu"}).framework == TENSORFLOW
+    torch_settings = settings_from_env(
+        {"SM_IMAGE_FLAVOR": "torch-cpu", "SAGEMAKER_DEFAULT_INVOCATIONS_ACCEPT": "text/csv"}
+    )
+    assert (torch_settings.framework, torch_settings.default_accept) == (PYTORCH, "text/csv")
+    with pytest.raises(SettingsError, match="must be one of application/json, application/jsonlines$"):
+        settings_from_env({"SAGEMAKER_DEFAULT_INVOCATIONS_ACCEPT": "text/csv"})
+
+
+def test_serve_checks_the_model_folder_before_listening(tmp_path):
+    with pytest.raises(ModelError, match=r"^model folder .*/absent does not exist$"):
+        torch_io.check_model_dir(tmp_path / "absent")
+    with pytest.raises(ModelError, match=r"in the model directory: found none$"):
+        torch_io.check_model_dir(tmp_path)
+    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / "inference.py").write_text("def model_fn(model_dir): ...\n")
+    torch_io.check_model_dir(tmp_path)  # the worker's load runs model_fn
+    (tmp_path / "code" / "inference.py").unlink()
+    (tmp_path / "net.pth").write_bytes(b"")
+    torch_io.check_model_dir(tmp_path)
