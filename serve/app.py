@@ -141,7 +141,7 @@ def create_app(
     `loader` loads and warms up the model (tests pass small stand-ins for TensorFlow)."""
     settings = settings or settings_from_env(os.environ)
     configure_logging()
-    hooks.add_lib_to_path(settings.model_dir)
+    hooks.add_lib_to_path(settings.model_dir, settings.code_dir)
     state = State(settings)
 
     @contextlib.asynccontextmanager

@@ -38,7 +38,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = settings_from_env(os.environ)
         if settings.framework == PYTORCH:
-            torch_io.check_model_dir(settings.model_dir)
+            torch_io.check_model_dir(settings.model_dir, settings.code_dir / settings.program)
             described, default = f"a PyTorch model ({settings.model_dir.name or 'model'})", ""
         else:
             archive = scan(settings.model_dir, settings.default_model)
@@ -48,11 +48,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
             default = f" (default {archive.catalog.default})"
         # code/requirements.txt before any worker imports code/inference.py.
-        hooks.install_requirements(settings.model_dir)
+        hooks.install_requirements(settings.model_dir, settings.code_dir)
     except (SettingsError, ModelError) as exc:
         log.error("cannot serve: %s", exc)
         return EXIT_BAD_INPUT
-    lib = hooks.code_dir(settings.model_dir) / hooks.LIB_DIR
+    lib = settings.code_dir / hooks.LIB_DIR
     if lib.is_dir():
         # Workers beyond the first are spawned: they find code/lib through the environment.
         os.environ["PYTHONPATH"] = os.pathsep.join(

@@ -55,6 +55,18 @@ class Settings:
     default_model: str | None = None
     # Which runner serves the model folder: the image's framework (SM_IMAGE_FLAVOR), chosen once.
     framework: str = TENSORFLOW
+    # The PyTorch runner's user code: SAGEMAKER_SUBMIT_DIRECTORY when it is a folder in the
+    # container (the SDK's local mode mounts the source at /opt/ml/code; a repacked model says
+    # /opt/ml/model/code), else the model's code/; SAGEMAKER_PROGRAM names the module there
+    # (the SDK's deploy() of an estimator: the training script), else inference.py.
+    submit_directory: Path | None = None
+    program: str = "inference.py"
+
+    @property
+    def code_dir(self) -> Path:
+        if self.framework == PYTORCH and self.submit_directory is not None:
+            return self.submit_directory
+        return self.model_dir / "code"
 
     @property
     def max_payload_mb(self) -> int:
@@ -109,12 +121,30 @@ _CHOICES: tuple[tuple[str, str, tuple[str, ...], Callable[[str], str]], ...] = (
 _FLAGS = (("SAGEMAKER_BATCH", "batch_transform"), ("SM_SERVE_ACCESS_LOG", "access_log"))
 
 
+def _pytorch_code(env: Mapping[str, str]) -> dict[str, object]:
+    """SAGEMAKER_SUBMIT_DIRECTORY when it is a path in the container, and SAGEMAKER_PROGRAM."""
+    values: dict[str, object] = {}
+    submit = env.get("SAGEMAKER_SUBMIT_DIRECTORY", "").strip()
+    if submit.startswith("/"):
+        values["submit_directory"] = Path(submit)
+    program = env.get("SAGEMAKER_PROGRAM", "").strip()
+    if program:
+        if "/" in program or not program.endswith(".py"):
+            raise SettingsError(
+                f"SAGEMAKER_PROGRAM={program!r} must name a .py file in the code folder"
+            )
+        values["program"] = program
+    return values
+
+
 def settings_from_env(env: Mapping[str, str]) -> Settings:
     """Every variable is optional (empty counts as unset); a malformed one raises SettingsError
     naming it."""
     values: dict[str, object] = {}
     framework = PYTORCH if env.get(IMAGE_FLAVOR_ENV, "").startswith("torch") else TENSORFLOW
     values["framework"] = framework
+    if framework == PYTORCH:
+        values.update(_pytorch_code(env))
     if env.get("SM_SERVE_MODEL_DIR"):
         values["model_dir"] = Path(env["SM_SERVE_MODEL_DIR"])
     if env.get("SAGEMAKER_TFS_DEFAULT_MODEL_NAME", "").strip():

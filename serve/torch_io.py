@@ -30,7 +30,6 @@ from typing import Any
 
 import numpy as np
 
-from serve import hooks
 from serve.discovery import ModelError
 from serve.errors import ServeError, media_type
 
@@ -178,12 +177,12 @@ def as_response(value: Any, accept: str) -> tuple[bytes, str]:
     return encode(value, content_type if content_type in CONTENT_TYPES else JSON), content_type
 
 
-def check_model_dir(model_dir: Path) -> None:
+def check_model_dir(model_dir: Path, script: Path) -> None:
     """What `serve` checks before anything listens (one line and exit 2, as for a folder without
-    a SavedModel in the TensorFlow images): the folder exists, and without code/inference.py it
-    holds the one TorchScript file the default model_fn loads. With inference.py, the worker's
-    load says what is wrong (its model_fn, or the default's file)."""
+    a SavedModel in the TensorFlow images): the folder exists, and without the user's script
+    (code/inference.py) it holds the one TorchScript file the default model_fn loads. With a
+    script, the worker's load says what is wrong (its model_fn, or the default's file)."""
     if not model_dir.is_dir():
         raise ModelError(f"model folder {model_dir} does not exist")
-    if not (model_dir / hooks.CODE_DIR / hooks.SCRIPT).is_file():
+    if not script.is_file():
         choose_model_file(os.listdir(model_dir))

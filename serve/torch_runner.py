@@ -27,7 +27,7 @@ import anyio.to_thread
 import numpy as np
 import torch
 
-from serve import hooks, torch_io
+from serve import torch_io
 from serve.discovery import ModelError
 from serve.errors import ServeError, media_type
 from serve.runner import Incoming, ModelInfo, Outgoing, Runner
@@ -54,22 +54,21 @@ def device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def import_script(model_dir: Path) -> ModuleType | None:
-    """code/inference.py as the module `inference`, or None; an import error stops the start
-    in one line naming the script."""
-    script = hooks.code_dir(model_dir) / hooks.SCRIPT
+def import_script(script: Path) -> ModuleType | None:
+    """The user's script (code/inference.py, or SAGEMAKER_PROGRAM) as a module of its own name,
+    or None; an import error stops the start in one line naming the script."""
     if not script.is_file():
         return None
-    hooks.add_lib_to_path(model_dir)
-    spec = importlib.util.spec_from_file_location("inference", script)
+    name = script.stem
+    spec = importlib.util.spec_from_file_location(name, script)
     if spec is None or spec.loader is None:
         raise ModelError(f"cannot import {script}")
     module = importlib.util.module_from_spec(spec)
-    sys.modules["inference"] = module
+    sys.modules[name] = module
     try:
         spec.loader.exec_module(module)
-    except Exception as exc:  # noqa: BLE001  (the user's module: any error stops the start)
-        sys.modules.pop("inference", None)
+    except BaseException as exc:  # noqa: BLE001  (the user's module: even SystemExit stops the start)
+        sys.modules.pop(name, None)
         raise ModelError(f"{script}: {_one_line(exc)}") from None
     return module
 
@@ -170,11 +169,11 @@ class TorchRunner:
         return torch_io.as_response(result, accept)
 
 
-def load_runner(model_dir: Path, model_name: str = "model") -> TorchRunner:
-    """Everything a worker does once: code/lib, inference.py, model_fn."""
-    hooks.add_lib_to_path(model_dir)
-    module = import_script(model_dir)
-    where = str(hooks.code_dir(model_dir) / hooks.SCRIPT)
+def load_runner(model_dir: Path, script: Path, model_name: str = "model") -> TorchRunner:
+    """Everything a worker does once: the user's script imported, model_fn run (its folder's
+    lib/ is on the import path already: app.py)."""
+    module = import_script(script)
+    where = str(script)
     user = {
         name: getattr(module, name)
         for name in torch_io.HOOK_NAMES
@@ -201,7 +200,7 @@ def load_runner(model_dir: Path, model_name: str = "model") -> TorchRunner:
             model = model_fn(*args)
         except Exception as exc:  # noqa: BLE001  (the user's model_fn: any error stops the start)
             raise ModelError(f"{where}: model_fn raised {_one_line(exc)}") from None
-        log.info("loaded %s with model_fn", model_dir)
+        log.info("loaded %s with %s's model_fn", model_dir, script.name)
     return TorchRunner(
         model=model,
         context=context,
@@ -267,6 +266,7 @@ _DEFAULTS = (default_input_fn, default_predict_fn, default_output_fn)
 
 def load(settings: Settings) -> Runner:
     """app.py's loader for the PyTorch images."""
-    torch_io.check_model_dir(settings.model_dir)
+    script = settings.code_dir / settings.program
+    torch_io.check_model_dir(settings.model_dir, script)
     name = settings.model_dir.name or "model"
-    return PytorchRunner(load_runner(settings.model_dir, name), settings, name)
+    return PytorchRunner(load_runner(settings.model_dir, script, name), settings, name)

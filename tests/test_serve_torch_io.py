@@ -5,6 +5,7 @@ arities, and the one-line refusals with the 4xx status this server chose."""
 from __future__ import annotations
 
 import io
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -178,13 +179,31 @@ def test_the_torch_images_choose_the_pytorch_runner_and_its_accept_types():
 
 
 def test_serve_checks_the_model_folder_before_listening(tmp_path):
+    script = tmp_path / "code" / "inference.py"
     with pytest.raises(ModelError, match=r"^model folder .*/absent does not exist$"):
-        torch_io.check_model_dir(tmp_path / "absent")
+        torch_io.check_model_dir(tmp_path / "absent", script)
     with pytest.raises(ModelError, match=r"in the model directory: found none$"):
-        torch_io.check_model_dir(tmp_path)
-    (tmp_path / "code").mkdir()
-    (tmp_path / "code" / "inference.py").write_text("def model_fn(model_dir): ...\n")
-    torch_io.check_model_dir(tmp_path)  # the worker's load runs model_fn
-    (tmp_path / "code" / "inference.py").unlink()
+        torch_io.check_model_dir(tmp_path, script)
+    script.parent.mkdir()
+    script.write_text("def model_fn(model_dir): ...\n")
+    torch_io.check_model_dir(tmp_path, script)  # the worker's load runs model_fn
+    script.unlink()
     (tmp_path / "net.pth").write_bytes(b"")
-    torch_io.check_model_dir(tmp_path)
+    torch_io.check_model_dir(tmp_path, script)
+
+
+def test_the_pytorch_code_folder_and_program():
+    torch_env = {"SM_IMAGE_FLAVOR": "torch"}
+    assert settings_from_env(torch_env).code_dir == Path("/opt/ml/model/code")
+    assert settings_from_env(torch_env).program == "inference.py"
+    local = settings_from_env(
+        {**torch_env, "SAGEMAKER_SUBMIT_DIRECTORY": "/opt/ml/code", "SAGEMAKER_PROGRAM": "t.py"}
+    )
+    assert (local.code_dir, local.program) == (Path("/opt/ml/code"), "t.py")
+    uploaded = settings_from_env({**torch_env, "SAGEMAKER_SUBMIT_DIRECTORY": "s3://b/k.tar.gz"})
+    assert uploaded.code_dir == Path("/opt/ml/model/code")
+    # The TensorFlow images keep code/inference.py in the model folder.
+    tf = settings_from_env({"SAGEMAKER_SUBMIT_DIRECTORY": "/opt/ml/code"})
+    assert tf.code_dir == Path("/opt/ml/model/code")
+    with pytest.raises(SettingsError, match=r"^SAGEMAKER_PROGRAM='a/b' must name a .py file"):
+        settings_from_env({**torch_env, "SAGEMAKER_PROGRAM": "a/b"})
