@@ -167,14 +167,29 @@ def post(
     content_type: str | None,
     headers: Mapping[str, str] | None = None,
     timeout: float = 60.0,
+    *,
+    path: str = "/invocations",
 ) -> tuple[int, dict[str, str], bytes]:
-    """One POST /invocations on a fresh connection: (status, headers, body)."""
+    """One POST (to /invocations by default) on a fresh connection: (status, headers, body)."""
+    sent = dict(headers or {})
+    if content_type is not None:
+        sent["Content-Type"] = content_type
+    return call(server, "POST", path, body, sent, timeout=timeout)
+
+
+def call(
+    server: ServeContainer,
+    method: str,
+    path: str,
+    body: bytes | None = None,
+    headers: Mapping[str, str] | None = None,
+    *,
+    timeout: float = 60.0,
+) -> tuple[int, dict[str, str], bytes]:
+    """Any request on a fresh connection: (status, headers, body)."""
     connection = server.client(timeout)
     try:
-        sent = dict(headers or {})
-        if content_type is not None:
-            sent["Content-Type"] = content_type
-        connection.request("POST", "/invocations", body=body, headers=sent)
+        connection.request(method, path, body=body, headers=dict(headers or {}))
         response = connection.getresponse()
         return response.status, {k.lower(): v for k, v in response.getheaders()}, response.read()
     finally:

@@ -1,11 +1,12 @@
 """The ASGI app (Starlette): /ping, /invocations, /execution-parameters, the page at /, TF
-Serving's own /v1/models/... (which code/inference.py's `context.rest_uri` points at).
+Serving's own /v1/models/... (which code/inference.py's `context.rest_uri` points at), and on a
+multi-model endpoint SageMaker's /models API (multimodel.py).
 
 The server is the same for every model; what answers a model's requests is a `Runner`
 (runner.py), composed once when the model loads. Each worker process builds its own app and
 loads the model in the background once its server listens: the port answers at once (SageMaker
 wants a socket accepted within 250 ms), /ping says 503 until the model is loaded and warmed up,
-then 200. A model that cannot load leaves /ping at 503 with the reason on the page and in the log.
+then 200. A model that cannot load stops the server: one line, exit 2.
 """
 
 from __future__ import annotations
@@ -13,10 +14,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
 import logging
+import multiprocessing
 import os
+import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 
 import anyio.to_thread
 from starlette.applications import Starlette
@@ -24,14 +29,20 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
-from serve import hooks, page
+from serve import hooks, page, tfs
 from serve.discovery import ModelError
 from serve.errors import JSON, ServeError, error_body, one_line
 from serve.logs import configure_logging
+from serve.multimodel import ModelLoader, ModelManager, parse_load_request
 from serve.runner import Incoming, Outgoing, Runner
 from serve.settings import PYTORCH, Settings, execution_parameters, settings_from_env
 
 log = logging.getLogger("serve")
+
+EXIT_BAD_INPUT = 2
+# uvicorn's code for a worker that cannot start: its parent then stops instead of restarting it
+# (uvicorn.config.STARTUP_FAILURE), and main.py exits 2.
+EXIT_WORKER_CANNOT_START = 3
 
 # Settings -> the runner for the model folder (runs in a worker thread; tests pass stand-ins).
 Loader = Callable[[Settings], Runner]
@@ -49,11 +60,34 @@ def load_model(settings: Settings) -> Runner:
     return compose(load_archive(settings.model_dir, settings.default_model), settings)
 
 
+def model_loader(settings: Settings) -> ModelLoader:
+    """A multi-model endpoint's loader: one model folder (with its own code/) -> its runner."""
+
+    def load(name: str, folder: Path) -> Runner:
+        from serve.tf_runner import compose, load_archive  # noqa: PLC0415
+
+        hooks.install_requirements(folder)
+        hooks.add_lib_to_path(folder)
+        return compose(load_archive(folder, name=name), settings)
+
+    return load
+
+
+def exit_process(message: str) -> None:
+    """A model that cannot load: one line, then the process ends (there is nothing to drain:
+    every request so far was answered 503)."""
+    log.error("cannot serve: %s", message)
+    sys.stdout.flush()
+    first = multiprocessing.parent_process() is None
+    os._exit(EXIT_BAD_INPUT if first else EXIT_WORKER_CANNOT_START)
+
+
 @dataclasses.dataclass
 class State:
     settings: Settings
     runner: Runner | None = None
     load_error: str | None = None
+    manager: ModelManager | None = None
 
     def ready(self) -> Runner:
         if self.runner is None:
@@ -103,7 +137,7 @@ async def _guarded(
         return _error(500, one_line(exc), what)
 
 
-async def _load(state: State, loader: Loader) -> None:
+async def _load(state: State, loader: Loader, on_fatal: Callable[[str], None]) -> None:
     started = time.monotonic()
     try:
         runner = await anyio.to_thread.run_sync(loader, state.settings)
@@ -129,30 +163,43 @@ async def _load(state: State, loader: Loader) -> None:
         )
         return
     state.load_error = message
-    log.error("cannot load the model: %s", message)
+    on_fatal(message)
 
 
 def create_app(
     settings: Settings | None = None,
     *,
     loader: Loader = load_model,
+    on_fatal: Callable[[str], None] = exit_process,
+    models: ModelLoader | None = None,
 ) -> Starlette:
     """The app for one worker (uvicorn calls this in each worker process: factory=True).
-    `loader` loads and warms up the model (tests pass small stand-ins for TensorFlow)."""
+    `loader` loads and warms up the model; `on_fatal` gets the one line when it cannot;
+    `models` loads one model of a multi-model endpoint (tests pass stand-ins for TensorFlow)."""
     settings = settings or settings_from_env(os.environ)
     configure_logging()
-    hooks.add_lib_to_path(settings.model_dir, settings.code_dir)
     state = State(settings)
+    if settings.multi_model:
+        state.manager = ModelManager(models or model_loader(settings), settings.min_free_bytes)
+    else:
+        hooks.add_lib_to_path(settings.model_dir, settings.code_dir)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:
-        loading = asyncio.get_running_loop().create_task(_load(state, loader), name="load-model")
+        loading = None
+        if state.manager is None:
+            loading = asyncio.get_running_loop().create_task(
+                _load(state, loader, on_fatal), name="load-model"
+            )
         yield
         # Shutdown runs after uvicorn drained every request in flight.
-        loading.cancel()
-        await asyncio.gather(loading, return_exceptions=True)
+        if loading is not None:
+            loading.cancel()
+            await asyncio.gather(loading, return_exceptions=True)
         if state.runner is not None:
             await state.runner.stop()
+        if state.manager is not None:
+            await state.manager.stop()
 
     def incoming(request: Request) -> Incoming:
         return Incoming(request.headers, lambda: _read_body(request, settings.max_payload_bytes))
@@ -161,12 +208,19 @@ def create_app(
         return _guarded(settings, what, work)
 
     async def ping(_request: Request) -> Response:
-        return Response(status_code=200 if state.runner is not None else 503)
+        ready = state.manager is not None or state.runner is not None
+        return Response(status_code=200 if ready else 503)
 
     async def parameters(_request: Request) -> Response:
         return JSONResponse(execution_parameters(settings))
 
     async def home(_request: Request) -> Response:
+        if state.manager is not None:
+            entries = state.manager.entries
+            listing = [
+                (info.name, info.versions, entries[info.name].url) for info in state.manager.infos()
+            ]
+            return HTMLResponse(page.render_listing(listing))
         if state.runner is None:
             return HTMLResponse(page.render(None, None, state.load_error or "loading"))
         model = state.runner.models[0]
@@ -174,6 +228,8 @@ def create_app(
 
     async def invocations(request: Request) -> Response:
         async def work() -> Outgoing:
+            if state.manager is not None:
+                raise ServeError(400, "Invocation request does not contain model name.")
             return await state.ready().invoke(incoming(request))
 
         return await guarded("POST /invocations", work)
@@ -182,7 +238,11 @@ def create_app(
         path = request.path_params["path"]
 
         async def work() -> Outgoing:
-            return await state.ready().rest(request.method, path, incoming(request))
+            if state.manager is not None:
+                runner = state.manager.get(tfs.parse_model_path(path)[0]).runner
+            else:
+                runner = state.ready()
+            return await runner.rest(request.method, path, incoming(request))
 
         return await guarded(f"{request.method} /v1/models/{path}", work)
 
@@ -193,4 +253,53 @@ def create_app(
         Route("/execution-parameters", parameters, methods=["GET"]),
         Route("/v1/models/{path:path}", tfs_rest, methods=["GET", "POST"]),
     ]
+    if state.manager is not None:
+        routes += _model_routes(state.manager, incoming, guarded, settings)
     return Starlette(routes=routes, lifespan=lifespan)
+
+
+def _json(document: object) -> Outgoing:
+    return Outgoing(200, json.dumps(document).encode())
+
+
+def _model_routes(
+    manager: ModelManager,
+    incoming: Callable[[Request], Incoming],
+    guarded: Callable[[str, Callable[[], Awaitable[Outgoing]]], Awaitable[Response]],
+    settings: Settings,
+) -> list[Route]:
+    """SageMaker's multi-model API (multimodel.py)."""
+
+    async def models(request: Request) -> Response:
+        async def work() -> Outgoing:
+            if request.method == "GET":
+                return _json(manager.listing())
+            body = await _read_body(request, settings.max_payload_bytes)
+            name, url = parse_load_request(body)
+            return _json({"success": await manager.load(name, url)})
+
+        return await guarded(f"{request.method} /models", work)
+
+    async def one_model(request: Request) -> Response:
+        name = request.path_params["name"]
+
+        async def work() -> Outgoing:
+            if request.method == "GET":
+                return _json(manager.describe(name))
+            return _json({"success": await manager.unload(name)})
+
+        return await guarded(f"{request.method} /models/{name}", work)
+
+    async def invoke(request: Request) -> Response:
+        name = request.path_params["name"]
+
+        async def work() -> Outgoing:
+            return await manager.get(name).runner.invoke(incoming(request))
+
+        return await guarded(f"POST /models/{name}/invoke", work)
+
+    return [
+        Route("/models", models, methods=["GET", "POST"]),
+        Route("/models/{name}", one_model, methods=["GET", "DELETE"]),
+        Route("/models/{name}/invoke", invoke, methods=["POST"]),
+    ]

@@ -13,6 +13,7 @@ import collections
 import concurrent.futures
 import contextlib
 import dataclasses
+import itertools
 import logging
 import time
 from collections.abc import Callable, Hashable, Iterator
@@ -26,9 +27,14 @@ Runner = Callable[[Hashable, list[Any]], list[Any]]
 
 log = logging.getLogger(__name__)
 
+# How many waiting pieces the next batch is chosen from: one large request cut into thousands of
+# pieces must not make every batch scan them all.
+WINDOW = 256
+
 
 class OverloadedError(ServeError):
-    """More rows wait than max_queued_images: refuse (503) rather than queue without end."""
+    """More rows would wait behind others than max_queued_images: refuse (503) rather than
+    queue without end."""
 
     def __init__(self, message: str) -> None:
         super().__init__(503, f"overloaded: {message}")
@@ -87,16 +93,23 @@ class Batcher:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="batcher")
 
     async def stop(self) -> None:
-        """After the server drained: nothing waits any more."""
+        """After the server drained (or a multi-model endpoint unloaded the model): whatever
+        still waits is refused."""
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
+        while self._waiting:
+            future = self._waiting.popleft().future
+            if not future.done():
+                future.set_exception(ServeError(503, "the model was unloaded"))
         self._executor.shutdown(wait=True)
 
     def submit(self, pieces: list[Piece]) -> list[asyncio.Future[Any]]:
-        """Queue one request's pieces; their results come through the futures."""
+        """Queue one request's pieces; their results come through the futures. The bound is
+        for work waiting behind other work: a request alone on an idle model is always taken
+        (its pieces are model-sized; they run one after another)."""
         images = sum(piece.count for piece in pieces)
-        if self._queued_images + images > self._max_queued_images:
+        if self._queued_images and self._queued_images + images > self._max_queued_images:
             raise OverloadedError(f"{self._queued_images} images already wait for the model")
         loop = asyncio.get_running_loop()
         now = time.monotonic()
@@ -123,12 +136,13 @@ class Batcher:
             while not self._waiting:
                 self._wakeup.clear()
                 await self._wakeup.wait()
-            keys = [w.piece.key for w in self._waiting]
-            counts = [w.piece.count for w in self._waiting]
+            window = list(itertools.islice(self._waiting, WINDOW))
+            keys = [w.piece.key for w in window]
+            counts = [w.piece.count for w in window]
             chosen = select_batch(keys, counts, self._max_batch_size)
             batch_images = sum(counts[i] for i in chosen)
-            waited = time.monotonic() - self._waiting[0].arrived
-            in_batch = len({self._waiting[i].request for i in chosen})
+            waited = time.monotonic() - window[0].arrived
+            in_batch = len({window[i].request for i in chosen})
             if should_dispatch(
                 batch_images,
                 self._max_batch_size,
@@ -144,9 +158,9 @@ class Batcher:
                     self._wakeup.wait(), remaining_delay(waited, self._max_delay_s)
                 )
         taken = set(chosen)
-        batch = [w for i, w in enumerate(self._waiting) if i in taken]
-        self._waiting = collections.deque(w for i, w in enumerate(self._waiting) if i not in taken)
-        return batch
+        head = [self._waiting.popleft() for _ in range(min(len(self._waiting), WINDOW))]
+        self._waiting.extendleft(reversed([w for i, w in enumerate(head) if i not in taken]))
+        return [w for i, w in enumerate(head) if i in taken]
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()

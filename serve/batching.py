@@ -90,3 +90,25 @@ def run_merged(
     if any(np.ndim(value) == 0 or len(value) != sum(counts) for value in outputs.values()):
         return [call(payload) for payload in payloads]
     return [{name: value[rows] for name, value in outputs.items()} for rows in split_rows(counts)]
+
+
+def cut_rows(inputs: dict[str, np.ndarray], size: int) -> list[dict[str, np.ndarray]]:
+    """One request's row tensors cut into runs of at most `size` rows (model-sized calls)."""
+    rows = len(next(iter(inputs.values())))
+    if rows <= size:
+        return [inputs]
+    return [
+        {name: tensor[start : start + size] for name, tensor in inputs.items()}
+        for start in range(0, rows, size)
+    ]
+
+
+def join_rows(results: Sequence[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """The outputs of a request's runs, joined back along dimension 0; ValueError when an
+    output is not one row per input row (such a model cannot be called in parts)."""
+    if len(results) == 1:
+        return results[0]
+    for name, value in results[0].items():
+        if np.ndim(value) == 0:
+            raise ValueError(f"output {name!r} is not one row per input row")
+    return {name: np.concatenate([r[name] for r in results]) for name in results[0]}

@@ -11,8 +11,9 @@ hooks, with the same names, arguments and context fields.
 server answers TF Serving's REST API on `/v1/models/...` on the loopback, so a `handler` that
 posts to it (`requests.post(context.rest_uri, data=...)`) works unchanged; `grpc_port` and
 `channel` are None (there is no gRPC server). `code/requirements.txt` is installed when the
-server starts (a package pip cannot install stops it, naming the package) and `code/lib` goes
-first on the import path.
+server starts (a package pip cannot install stops it, naming the package), unless `code/lib`
+exists: then, as in AWS's container, pip does not run and `code/lib` goes first on the import
+path.
 """
 
 from __future__ import annotations
@@ -95,11 +96,15 @@ def add_lib_to_path(model_dir: Path, code: Path | None = None) -> None:
 def install_requirements(model_dir: Path, code: Path | None = None) -> None:
     """pip install -r code/requirements.txt into the image's Python; ModelError naming the
     package pip could not install."""
-    # The entry point's reading of pip's output: one place for both.
+    # The reading of pip's output the entry point shares (smcommon, dependency-free).
     from smcommon.pipoutput import failed_requirement, last_error_line  # noqa: PLC0415
 
     requirements = (code or code_dir(model_dir)) / REQUIREMENTS
     if not requirements.is_file():
+        return
+    if (code_dir(model_dir) / LIB_DIR).is_dir():
+        # AWS's container: code/lib is what an offline endpoint ships instead of an index.
+        log.info("%s/%s skipped: %s/%s is present", CODE_DIR, REQUIREMENTS, CODE_DIR, LIB_DIR)
         return
     log.info("installing %s/%s", CODE_DIR, REQUIREMENTS)
     command = [

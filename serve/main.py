@@ -10,6 +10,7 @@ SM_SERVE_GRACEFUL_TIMEOUT_S) and exits 0.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import signal
@@ -20,8 +21,8 @@ import uvicorn
 
 from serve import hooks, torch_io
 from serve.logs import configure_logging
-from serve.model import ModelError, scan
-from serve.settings import PYTORCH, SettingsError, settings_from_env
+from serve.model import Archive, ModelError, scan
+from serve.settings import PYTORCH, Settings, SettingsError, settings_from_env
 
 log = logging.getLogger("serve")
 
@@ -37,18 +38,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     try:
         settings = settings_from_env(os.environ)
-        if settings.framework == PYTORCH:
+        if settings.multi_model:
+            # Models come and go through /models, in one process (one table of models).
+            settings = dataclasses.replace(settings, workers=1)
+            described = "a multi-model endpoint (no model until POST /models)"
+        elif settings.framework == PYTORCH:
             torch_io.check_model_dir(settings.model_dir, settings.code_dir / settings.program)
-            described, default = f"a PyTorch model ({settings.model_dir.name or 'model'})", ""
+            # code/requirements.txt before any worker imports the user's script.
+            hooks.install_requirements(settings.model_dir, settings.code_dir)
+            described = f"a PyTorch model from {settings.model_dir}"
         else:
             archive = scan(settings.model_dir, settings.default_model)
-            described = ", ".join(
-                f"{m.name} {'/'.join(str(v) for v, _ in m.versions)}"
-                for m in archive.catalog.models
-            )
-            default = f" (default {archive.catalog.default})"
-        # code/requirements.txt before any worker imports code/inference.py.
-        hooks.install_requirements(settings.model_dir, settings.code_dir)
+            # code/requirements.txt before any worker imports code/inference.py.
+            hooks.install_requirements(settings.model_dir)
+            described = _described(archive, settings)
     except (SettingsError, ModelError) as exc:
         log.error("cannot serve: %s", exc)
         return EXIT_BAD_INPUT
@@ -58,14 +61,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.environ["PYTHONPATH"] = os.pathsep.join(
             filter(None, [str(lib), os.environ.get("PYTHONPATH")])
         )
-    log.info(
-        "serving %s from %s%s on port %d with %d worker(s)",
-        described,
-        settings.model_dir,
-        default,
-        settings.port,
-        settings.workers,
-    )
+    log.info("serving %s on port %d with %d worker(s)", described, settings.port, settings.workers)
     # uvicorn drains on SIGTERM/SIGINT, then re-raises the signal with the handlers it found
     # (uvicorn/server.py, Server.capture_signals), so that the process would die of it (143).
     # A drained server has succeeded: these handlers absorb the re-raise and we exit 0.
@@ -86,8 +82,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         timeout_keep_alive=75,
         server_header=False,
     )
-    log.info("stopped%s", f" on signal {stop_signals[0]}" if stop_signals else "")
+    if not stop_signals:
+        # No one asked it to stop: its workers could not load the model (they said why).
+        return EXIT_BAD_INPUT
+    log.info("stopped on signal %d", stop_signals[0])
     return 0
+
+
+def _described(archive: Archive, settings: Settings) -> str:
+    models = ", ".join(
+        f"{m.name} {'/'.join(str(v) for v, _ in m.versions)}" for m in archive.catalog.models
+    )
+    return f"{models} from {settings.model_dir} (default {archive.catalog.default})"
 
 
 if __name__ == "__main__":

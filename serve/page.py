@@ -91,6 +91,27 @@ The image page is for image classifiers (a model with <code>classes.json</code>)
 """
 
 
+_LISTING_BODY = """<p id="notice">A multi-model endpoint: <code>POST /models</code> loads a model,
+<code>POST /models/NAME/invoke</code> calls it, <code>DELETE /models/NAME</code> unloads it.</p>
+<table id="models">
+<tr><th>model</th><th>versions</th><th>folder</th></tr>
+__ROWS__
+</table>
+"""
+
+
+def render_listing(models: Sequence[tuple[str, Sequence[int], str]]) -> str:
+    """A multi-model endpoint's page: each loaded model's name, versions and folder."""
+    rows = "\n".join(
+        f'<tr class="model"><td>{html.escape(name)}</td>'
+        f"<td>{html.escape(', '.join(str(v) for v in versions))}</td>"
+        f"<td><code>{html.escape(url)}</code></td></tr>"
+        for name, versions, url in models
+    )
+    body = _LISTING_BODY.replace("__ROWS__", rows or '<tr><td colspan="3">none loaded</td></tr>')
+    return _PAGE.replace("__TITLE__", f"{len(models)} model(s) loaded").replace("__BODY__", body)
+
+
 def render(model: str | None, classes: Sequence[str] | None, problem: str | None) -> str:
     """The page for the default model; `problem` while loading or if loading failed."""
     if model is None:

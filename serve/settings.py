@@ -53,6 +53,10 @@ class Settings:
     access_log: bool = False
     # SAGEMAKER_TFS_DEFAULT_MODEL_NAME: which model of several answers by default.
     default_model: str | None = None
+    # SAGEMAKER_MULTI_MODEL: start with no model; SageMaker loads them through /models.
+    multi_model: bool = False
+    # A multi-model load that would leave less memory free than this gets 507.
+    min_free_bytes: int = 256 * 1024 * 1024
     # Which runner serves the model folder: the image's framework (SM_IMAGE_FLAVOR), chosen once.
     framework: str = TENSORFLOW
     # The PyTorch runner's user code: SAGEMAKER_SUBMIT_DIRECTORY when it is a folder in the
@@ -104,6 +108,7 @@ _NUMBERS: tuple[tuple[str, str, type, float, float, int], ...] = (
     ("SM_SERVE_MAX_BATCH_DELAY_MS", "max_batch_delay_ms", float, 0, 1000, 1),
     ("SM_SERVE_MAX_QUEUED_IMAGES", "max_queued_images", int, 1, 1 << 20, 1),
     ("SM_SERVE_GRACEFUL_TIMEOUT_S", "graceful_timeout_s", float, 0, 3600, 1),
+    ("SM_SERVE_MIN_FREE_MB", "min_free_bytes", int, 0, 1 << 24, 1 << 20),
 )
 
 
@@ -118,7 +123,11 @@ _CHOICES: tuple[tuple[str, str, tuple[str, ...], Callable[[str], str]], ...] = (
     ("SAGEMAKER_DEFAULT_INVOCATIONS_ACCEPT", "default_accept", ACCEPT_TYPES, str.lower),
     ("SAGEMAKER_BATCH_STRATEGY", "batch_strategy", BATCH_STRATEGIES, _batch_strategy),
 )
-_FLAGS = (("SAGEMAKER_BATCH", "batch_transform"), ("SM_SERVE_ACCESS_LOG", "access_log"))
+_FLAGS = (
+    ("SAGEMAKER_BATCH", "batch_transform"),
+    ("SM_SERVE_ACCESS_LOG", "access_log"),
+    ("SAGEMAKER_MULTI_MODEL", "multi_model"),
+)
 
 
 def _pytorch_code(env: Mapping[str, str]) -> dict[str, object]:

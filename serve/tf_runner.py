@@ -23,7 +23,7 @@ import numpy as np
 
 from serve import codec, hooks, tfs
 from serve.batcher import Batcher
-from serve.batching import Piece
+from serve.batching import Piece, cut_rows, join_rows
 from serve.errors import JSON, ServeError, error_body, media_type
 from serve.model import Model, Registry, Version, load_registry, scan, serialize_examples
 from serve.runner import CUSTOM_ATTRIBUTES, Incoming, ModelInfo, Outgoing, Runner, off_loop
@@ -154,8 +154,16 @@ class TensorflowRunner:
                 for name, tensor in sorted(request.inputs.items())
             )
             key = ("rows", model.name, version.number, request.signature_name, shapes)
-            [outputs] = await self._wait([Piece(key, request.rows, request.inputs)])
-            return tfs.predict_response(outputs, False)
+            # A request larger than one model call is cut into model-sized runs.
+            runs = cut_rows(request.inputs, self.settings.max_batch_size)
+            results = await self._wait([Piece(key, len(next(iter(r.values()))), r) for r in runs])
+            try:
+                outputs = join_rows(results)
+            except ValueError as exc:
+                raise ServeError(
+                    400, f"{exc}: send at most {self.settings.max_batch_size} rows per request"
+                ) from None
+            return await off_loop(size, tfs.predict_response, outputs, False)
         examples = tfs.parse_examples(document, method)
         tfs.pick_signature(specs, examples.signature_name)
         signature = version.signatures[examples.signature_name]

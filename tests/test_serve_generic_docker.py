@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import tarfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,7 +22,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from harness.serving import Browser, ServeContainer, call_directly, make_models, post
+from harness.serving import Browser, ServeContainer, call, call_directly, make_models, post
 from tests.conftest import image_name
 from tests.test_serve_docker import FAKE_ROLE, sdk_session  # noqa: F401  (a fixture)
 
@@ -212,7 +213,7 @@ def handler(data, context):
 """
 
 
-def test_inference_py_handler_with_requirements_and_lib(
+def test_inference_py_handler_with_lib_and_requirements_skipped(
     tmp_path: Path, docker: str, image: str
 ) -> None:
     make_models(docker, image, tmp_path, "half")
@@ -221,8 +222,8 @@ def test_inference_py_handler_with_requirements_and_lib(
     (code / "lib").mkdir(parents=True)
     (code / "inference.py").write_text(INFERENCE_PY)
     (code / "lib" / "csvhelp.py").write_text("def parse_line(line):\n    return float(line)\n")
-    # Installed at start; offline here, so a requirement that is already satisfied.
-    (code / "requirements.txt").write_text("--no-index\nnumpy\n")
+    # code/lib is there: AWS's container does not run pip then (this one could not install).
+    (code / "requirements.txt").write_text("--no-index\nno-such-package-sm-horovod==1.0\n")
     container = ServeContainer(docker, image, tmp_path)
     container.start()
     try:
@@ -240,7 +241,8 @@ def test_inference_py_handler_with_requirements_and_lib(
             200,
             b'{"y": [4.0], "model": "half", "version": "1", "type": "text/csv", "length": 3}',
         )
-        assert "installing code/requirements.txt" in container.logs()
+        assert "code/requirements.txt skipped: code/lib is present" in container.logs()
+        assert "installing code/requirements.txt" not in container.logs()
     finally:
         container.remove()
 
@@ -343,3 +345,147 @@ def test_sdk_deploys_a_model_trained_by_the_users_script(
     [values] = direct.values()
     assert set(response) == {"predictions"}
     np.testing.assert_allclose(response["predictions"], values, rtol=1e-5, atol=1e-7)
+
+
+# --- issue 30: AWS's container's cases: one large request, a model that cannot load, MME ---------
+
+LARGE_ROWS = 750_000
+
+
+@pytest.mark.timeout(300)
+def test_one_large_csv_request_to_an_idle_server(server: ServeContainer) -> None:
+    """AWS's test_large_input (753,936 CSV rows, 3 MB): far above SM_SERVE_MAX_QUEUED_IMAGES,
+    alone, so answered whole, in model-sized calls."""
+    body = "\n".join(f"{i % 10}.0" for i in range(LARGE_ROWS)).encode()
+    status, _, content = post(
+        server, body, "text/csv", attributes("tfs-model-name=half"), timeout=240
+    )
+    assert status == 200, content[:300]
+    predictions = json.loads(content)["predictions"]
+    assert len(predictions) == LARGE_ROWS
+    assert predictions[:11] == [(i % 10) * 0.5 + 3 for i in range(11)]
+    assert predictions[-1] == 9 * 0.5 + 3
+
+
+def test_a_model_that_cannot_load_exits_2_with_one_line(
+    tmp_path: Path, docker: str, image: str
+) -> None:
+    (tmp_path / "broken" / "1").mkdir(parents=True)
+    (tmp_path / "broken" / "1" / "saved_model.pb").write_bytes(b"not a SavedModel")
+    container = ServeContainer(docker, image, tmp_path)
+    container.start()
+    try:
+        code, errors = container.failed_start(timeout=60)
+        took = time.monotonic() - container.started_at
+        assert code == 2, container.logs()
+        assert len(errors) == 1, container.logs()
+        assert "cannot serve: cannot load /opt/ml/model/broken/1: " in errors[0], errors
+        assert took < 60
+    finally:
+        container.remove()
+
+
+RAISES_PY = """
+def input_handler(data, context):
+    body = data.read()
+    if body == b"raise":
+        raise ValueError("input_handler refused it")
+    return body
+
+def output_handler(response, context):
+    return response.content, "application/json"
+"""
+
+
+def models_call(
+    server: ServeContainer, method: str, path: str, document: object = None
+) -> tuple[int, object]:
+    body = None if document is None else json.dumps(document).encode()
+    status, _, content = call(server, method, path, body, {"Content-Type": JSON})
+    return status, json.loads(content)
+
+
+def test_multi_model_endpoint(tmp_path: Path, docker: str, image: str) -> None:
+    """AWS's test_multi_model_endpoint.py and test_pre_post_processing_mme.py, lean: load two
+    models, answer each (a version by custom attribute), list, unload (404 after), refuse a
+    missing path (404), a model that does not load (500) and a second load (409), and survive
+    an inference.py that raises, at load and per request."""
+    models = tmp_path / "models"
+    make_models(docker, image, models, "half,mlp")
+    (models / "expected.json").unlink()
+    (models / "broken" / "1").mkdir(parents=True)
+    (models / "broken" / "1" / "saved_model.pb").write_bytes(b"not a SavedModel")
+    shutil.copytree(models / "half", models / "hooked")
+    (models / "hooked" / "code").mkdir()
+    (models / "hooked" / "code" / "inference.py").write_text(RAISES_PY)
+    shutil.copytree(models / "half", models / "unimportable")
+    (models / "unimportable" / "code").mkdir()
+    (models / "unimportable" / "code" / "inference.py").write_text("import no_such_module\n")
+    (tmp_path / "model").mkdir()
+    container = ServeContainer(
+        docker,
+        image,
+        tmp_path / "model",
+        env={"SAGEMAKER_MULTI_MODEL": "true"},
+        extra_mounts=((models, "/opt/ml/models"),),
+    )
+    container.start()
+    try:
+        container.wait_ready(timeout=60)
+        assert models_call(container, "GET", "/models") == (200, {"models": []})
+        invoke = "/models/{}/invoke"
+        status, _, content = post(container, b"[1.0, 2.0, 5.0]", JSON, path=invoke.format("half"))
+        assert (status, json.loads(content)) == (404, {"error": "Model half is not loaded yet."})
+        for name in ("half", "mlp", "hooked"):
+            load = {"model_name": name, "url": f"/opt/ml/models/{name}"}
+            assert models_call(container, "POST", "/models", load) == (
+                200,
+                {"success": f"Successfully loaded model {name}"},
+            )
+        assert models_call(
+            container, "POST", "/models", {"model_name": "half", "url": "/opt/ml/models/half"}
+        ) == (409, {"error": "Model half is already loaded."})
+        status, _, content = post(container, b"1.0,2.0,5.0", "text/csv", path=invoke.format("half"))
+        assert (status, content) == (200, b'{"predictions": [3.5, 4.0, 5.5]}')
+        status, _, content = post(
+            container,
+            json.dumps([[0.0] * 8]).encode(),
+            JSON,
+            attributes("tfs-model-version=1"),
+            path=invoke.format("mlp"),
+        )
+        assert status == 200 and len(json.loads(content)["predictions"][0]) == 3
+        status, _, content = post(container, b"raise", JSON, path=invoke.format("hooked"))
+        assert (status, json.loads(content)) == (500, {"error": "input_handler refused it"})
+        status, _, content = post(container, b"[1.0]", JSON, path=invoke.format("hooked"))
+        assert (status, content) == (200, b'{"predictions": [3.5]}')
+        missing = {"model_name": "nope", "url": "/opt/ml/models/nope"}
+        assert models_call(container, "POST", "/models", missing) == (
+            404,
+            {"error": "Could not find valid base path /opt/ml/models/nope for servable nope"},
+        )
+        for bad in ("broken", "unimportable"):
+            status, body = models_call(
+                container, "POST", "/models", {"model_name": bad, "url": f"/opt/ml/models/{bad}"}
+            )
+            assert status == 500, body
+            assert str(body).count("\n") == 0 and f"cannot load model {bad}" in str(body)
+        status, listing = models_call(container, "GET", "/models")
+        assert listing == {
+            "models": [
+                {"modelName": name, "modelUrl": f"/opt/ml/models/{name}"}
+                for name in ("half", "hooked", "mlp")
+            ]
+        }
+        status, _, page = call(container, "GET", "/")
+        assert status == 200 and page.decode().count('class="model"') == 3
+        assert models_call(container, "DELETE", "/models/half") == (
+            200,
+            {"success": "Successfully unloaded model half."},
+        )
+        status, _, _ = post(container, b"[1.0]", JSON, path=invoke.format("half"))
+        assert status == 404
+        assert models_call(container, "GET", "/models/half")[0] == 404
+        assert container.ping() == 200 and container.running()
+    finally:
+        container.remove()

@@ -9,7 +9,10 @@ code/inference.py. The real TensorFlow models in the real image: test_serve_gene
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -20,10 +23,12 @@ from starlette.testclient import TestClient
 
 from serve import hooks, page, tfs
 from serve.app import create_app
-from serve.batching import run_merged
+from serve.batcher import Batcher, OverloadedError
+from serve.batching import Piece, run_merged
 from serve.discovery import ModelError, discover
 from serve.errors import ServeError
 from serve.model import Model, Registry, Signature, Version
+from serve.runner import Runner
 from serve.settings import Settings, settings_from_env
 from serve.tf_runner import Loaded, compose
 
@@ -503,6 +508,7 @@ def client(calls: Calls, model_dir: Path | None = None, **settings) -> TestClien
     app = create_app(
         Settings(model_dir=model_dir or Path("/nonexistent"), **settings),
         loader=lambda s: compose(Loaded(registry(calls), found), s),
+        on_fatal=pytest.fail,
     )
     return TestClient(app, raise_server_exceptions=False)
 
@@ -792,3 +798,83 @@ def test_inference_py_without_hooks_is_refused(tmp_path: Path) -> None:
     (tmp_path / "code" / "inference.py").write_text("raise ImportError('no numpy here')\n")
     with pytest.raises(ModelError, match=r"inference\.py: ImportError: no numpy here$"):
         hooks.load_hooks(tmp_path)
+
+
+# --- issue 30: one large request, errors through output_handler, a model that cannot load -------
+
+
+def test_one_large_request_alone_is_served_in_model_sized_calls() -> None:
+    """Far more rows than SM_SERVE_MAX_QUEUED_IMAGES, alone: answered whole, in calls of at
+    most SM_SERVE_MAX_BATCH_SIZE rows (AWS's test_large_input, smaller)."""
+    calls = Calls()
+    rows = 5000
+    body = "\n".join(f"{i % 7}.0" for i in range(rows)).encode()
+    with client(calls, max_batch_size=32, max_queued_images=1024) as test_client:
+        ready(test_client)
+        answer = test_client.post(
+            "/invocations", content=body, headers={"content-type": "text/csv"}
+        )
+        assert answer.status_code == 200, answer.text[:200]
+        predictions = answer.json()["predictions"]
+    assert predictions == [(i % 7) * 0.5 + 3 for i in range(rows)]
+    assert sum(calls.sizes) == rows and max(calls.sizes) == 32
+
+
+def test_the_queue_bound_refuses_only_work_behind_other_work() -> None:
+    async def scenario() -> tuple[int, str]:
+        release = threading.Event()
+
+        def run(_key: object, payloads: list) -> list:
+            release.wait(5)
+            return payloads
+
+        batcher = Batcher(run, max_batch_size=4, max_delay_s=0, max_queued_images=10)
+        batcher.start()
+        try:
+            first = batcher.submit([Piece("k", 4, i) for i in range(8)])  # 32 rows, alone
+            with pytest.raises(OverloadedError) as caught:
+                batcher.submit([Piece("k", 4, 99)])
+            release.set()
+            results = await batcher.collect(first)
+        finally:
+            await batcher.stop()
+        return len(results), f"{caught.value.status} {caught.value}"
+
+    assert asyncio.run(scenario()) == (8, "503 overloaded: 32 images already wait for the model")
+
+
+def test_a_failed_model_response_goes_through_output_handler(tmp_path: Path) -> None:
+    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / "inference.py").write_text(
+        "def input_handler(data, context):\n"
+        "    return data.read()\n"
+        "def output_handler(response, context):\n"
+        "    return f'{response.status_code} {response.json()[\"error\"][:16]}', 'text/plain'\n"
+    )
+    with client(Calls(), tmp_path) as test_client:
+        ready(test_client)
+        answer = test_client.post("/invocations", content=b'{"junk": 1}', headers=JSON_CT)
+    assert (answer.status_code, answer.text) == (200, "400 Missing 'inputs'")
+
+
+def test_a_model_that_cannot_load_is_fatal_with_one_line() -> None:
+    said: list[str] = []
+
+    def broken(_settings: Settings) -> Runner:
+        raise ModelError("cannot load /opt/ml/model/1: ValueError: Shape must be\nrank 1")
+
+    app = create_app(Settings(model_dir=Path("/nonexistent")), loader=broken, on_fatal=said.append)
+    with TestClient(app, raise_server_exceptions=False) as test_client:
+        deadline = time.monotonic() + 10
+        while not said and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert test_client.get("/ping").status_code == 503
+    assert said == ["cannot load /opt/ml/model/1: ValueError: Shape must be\nrank 1"]
+
+
+def test_code_lib_means_no_pip_run(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    (tmp_path / "code" / "lib").mkdir(parents=True)
+    (tmp_path / "code" / "requirements.txt").write_text("no-such-package-sm-horovod==1.0\n")
+    with caplog.at_level(logging.INFO):
+        hooks.install_requirements(tmp_path)  # pip would fail: it must not run
+    assert "code/requirements.txt skipped: code/lib is present" in caplog.text
