@@ -23,6 +23,7 @@ from botocore.validate import validate_parameters
 from launch.errors import LaunchError
 from launch.request import ENV_KEY_RE, ROLE_ARN_RE, model_constraint_errors
 from serve import codec
+from serve.errors import ServeError
 
 log = logging.getLogger(__name__)
 
@@ -145,7 +146,7 @@ def _check_transform(config: TransformConfig) -> None:
         log.debug("JSON lines without splitting: each file is one request of many lines")
     try:
         codec.choose_accept(config.accept, codec.JSON)
-    except codec.RequestError as exc:
+    except ServeError as exc:
         raise LaunchError(str(exc)) from None
     if config.batch_strategy is not None and config.batch_strategy not in BATCH_STRATEGIES:
         raise LaunchError(f"batch strategy must be one of {', '.join(BATCH_STRATEGIES)}")

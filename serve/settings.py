@@ -175,6 +175,11 @@ def settings_from_env(env: Mapping[str, str]) -> Settings:
     for name, field in _FLAGS:
         if name in env:
             values[field] = _flag(env, name)
+    if framework == PYTORCH and values.get("multi_model"):
+        raise SettingsError(
+            "SAGEMAKER_MULTI_MODEL=true: multi-model endpoints serve SavedModels, not in the "
+            "torch image (one PyTorch model per endpoint)"
+        )
     return Settings(**values)  # type: ignore[arg-type]
 
 

@@ -207,3 +207,5 @@ def test_the_pytorch_code_folder_and_program():
     assert tf.code_dir == Path("/opt/ml/model/code")
     with pytest.raises(SettingsError, match=r"^SAGEMAKER_PROGRAM='a/b' must name a .py file"):
         settings_from_env({**torch_env, "SAGEMAKER_PROGRAM": "a/b"})
+    with pytest.raises(SettingsError, match=r"^SAGEMAKER_MULTI_MODEL=true: multi-model endpoints"):
+        settings_from_env({**torch_env, "SAGEMAKER_MULTI_MODEL": "true"})
