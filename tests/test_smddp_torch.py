@@ -115,7 +115,7 @@ def test_a_rank_raising_fails_every_host_within_10_s(make_cluster):
     for host in cluster.hosts:
         assert cluster.exit_time(host) - raised_at < FAIL_FAST_S, cluster.describe()
     failure = cluster.failure("algo-1")
-    assert failure is not None and "failing on purpose on rank 1" in failure, cluster.describe()
+    assert failure is not None and failure.startswith("TrainingFailed"), cluster.describe()
 
 
 @pytest.mark.timeout(240)
