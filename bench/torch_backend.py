@@ -45,7 +45,9 @@ from bench.summary import (
 )
 from bench.workspace import CODE_MOUNT, Workspace
 from entrypoint.contract import Backend
-from entrypoint.plan import JobShape, rank_environment, torchrun_argv
+from entrypoint.job import JobShape
+from entrypoint.plan import rank_environment, torchrun_argv
+from entrypoint.ranks import RANK_SHIM, RANK_SOCKET_ENV
 from harness.cluster import Cluster, docker_command
 
 log = logging.getLogger(__name__)
@@ -87,14 +89,20 @@ class TorchResult:
 
 
 def floor_command(hosts: Sequence[str], host: str, program_argv: Sequence[str]) -> tuple[str, ...]:
-    """The bare torchrun `host` runs: the command line our plan builds for it (one rank each)."""
-    return tuple(torchrun_argv(_shape(hosts, host, program_argv)))
+    """The bare torchrun `host` runs: the command line our plan builds for it (one rank each),
+    without our rank shim (the floor has no entry point for ranks to register with)."""
+    argv = torchrun_argv(_shape(hosts, host, program_argv))
+    argv.remove(RANK_SHIM)
+    return tuple(argv)
 
 
 def floor_environment(hosts: Sequence[str]) -> dict[str, str]:
     """What our plan adds to every rank's environment, without the SageMaker variables: the
-    interface pins (GLOO_SOCKET_IFNAME, ...) and Horovod's defaults (unread by torch)."""
-    return rank_environment({}, {}, _shape(hosts, hosts[0], ()))
+    interface pins (GLOO_SOCKET_IFNAME, ...) and Horovod's defaults (unread by torch); not the
+    rank registry's socket (the floor runs no entry point)."""
+    env = rank_environment({}, {}, _shape(hosts, hosts[0], ()))
+    env.pop(RANK_SOCKET_ENV)
+    return env
 
 
 def _shape(hosts: Sequence[str], host: str, program_argv: Sequence[str]) -> JobShape:

@@ -40,6 +40,7 @@ from entrypoint.protocol import (
     ProtocolError,
     Refused,
     Start,
+    Stop,
     Verdict,
     version_refusal,
 )
@@ -107,8 +108,10 @@ class MasterChannel:
         self._exits: dict[str, Exited] = {}
         self._acked: set[str] = set()
         self._verdict_sent = False
+        # The first worker that said the job is stopping (Stop), if any.
+        self._stop_from: str | None = None
         self._thread = LoopThread("channel")
-        own: Handlers = {Exited: self._on_exited, Ack: self._on_ack}
+        own: Handlers = {Exited: self._on_exited, Ack: self._on_ack, Stop: self._on_stop}
         listening = serve(
             port=port,
             job_key=job_key,
@@ -160,8 +163,17 @@ class MasterChannel:
         if session is not None:
             self._thread.call(lambda: session.end(Ending(End.DROPPED, why)))
 
+    def stop_requested(self) -> str | None:
+        """The worker that said the job is stopping (it got SIGTERM), else None."""
+        with self._lock:
+            return self._stop_from
+
     def start_workers(self) -> None:
         self._thread.call(lambda: self._broadcast(Start()))
+
+    def stop_workers(self) -> None:
+        """Tell every worker the job is stopping: each forwards SIGTERM to its ranks."""
+        self._thread.call(lambda: self._broadcast(Stop()))
 
     def send_verdict(self, verdict: Verdict, timeout_s: float) -> list[str]:
         """Tell every connected worker the verdict and wait up to `timeout_s` for their Acks.
@@ -257,6 +269,13 @@ class MasterChannel:
             self._acked.add(session.peer)
             self._changed.notify_all()
 
+    def _on_stop(self, session: Session, _message: Stop) -> None:
+        with self._lock:
+            first = self._stop_from is None
+            self._stop_from = self._stop_from or session.peer
+        if first:
+            log.warning("%s is stopping (SIGTERM there): stopping the job", session.peer)
+
 
 # Why a worker is lost, as the master says it (None: not lost, the master closed it).
 _MASTER_WORDS: dict[End, str | None] = {
@@ -307,6 +326,7 @@ class WorkerChannel:
         self._clock = clock
         own: Handlers = {
             Start: self._on_start,
+            Stop: self._on_stop,
             Verdict: self._on_verdict,
             Refused: self._on_refused,
         }
@@ -315,6 +335,7 @@ class WorkerChannel:
         self._lock = threading.Lock()
         self._connected = False
         self._started = False
+        self._stop_requested = False
         self._verdict: Verdict | None = None
         self._lost: str | None = None
         self._session: Session | None = None
@@ -332,6 +353,12 @@ class WorkerChannel:
     def started(self) -> bool:
         with self._lock:
             return self._started
+
+    @property
+    def stop_requested(self) -> bool:
+        """The master said the job is stopping."""
+        with self._lock:
+            return self._stop_requested
 
     @property
     def verdict(self) -> Verdict | None:
@@ -352,6 +379,10 @@ class WorkerChannel:
 
     def send_exited(self, exit_code: int, failure: Failure | None) -> None:
         self._thread.call(lambda: self._send(Exited(exit_code, failure)))
+
+    def send_stop(self) -> None:
+        """Tell the master this host is stopping (it got SIGTERM)."""
+        self._thread.call(lambda: self._send(Stop()))
 
     def request(self, message: Message, timeout_s: float) -> Message:
         """Ask the master; its handler's response. Raises SessionLostError (not connected, or lost
@@ -427,6 +458,10 @@ class WorkerChannel:
     def _on_start(self, _session: Session, _message: Start) -> None:
         with self._lock:
             self._started = True
+
+    def _on_stop(self, _session: Session, _message: Stop) -> None:
+        with self._lock:
+            self._stop_requested = True
 
     def _on_verdict(self, session: Session, message: Verdict) -> None:
         with self._lock:

@@ -27,7 +27,8 @@ from entrypoint.contract import (
     UserScript,
     read_contract,
 )
-from entrypoint.plan import JobPlan, format_command, make_plan, require_channel
+from entrypoint.job import format_command
+from entrypoint.plan import JobPlan, make_plan, require_channel
 from smcommon.failure import Failure, Reason, record_failure
 from smcommon.names import (
     BUILTIN_PROGRAM_CHECK,

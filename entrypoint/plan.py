@@ -1,18 +1,15 @@
 """From a Contract to a plan: who is master, how many ranks, which environment, which Launch.
 
-Pure functions only (no I/O): `make_plan`, `rank_environment`, `build_mpirun_argv`. `make_plan`
+Pure functions only (no I/O): `make_plan`, `rank_environment`, the launch builders. `make_plan`
 is the one place that turns the backend the user asked for into a `Launch`, a closed set of
-frozen values that say what the supervising loops do (docs/backends.md). The habits
-are Horovod's runner (`horovod/runner/mpi_run.py`): named flag constants, environment forwarded
-by name (`-x NAME`, sorted, through one filter) so values stay out of argv and logs.
+frozen values (one per way of launching), each turned into this host's part by
+parts.local_part (docs/backends.md). The MPI launch's plan is mpi/plan.py; the processes that
+every host runs itself (the program, torchrun, tf.distribute's tasks) are planned here.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import enum
-import re
-import shlex
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import ClassVar, assert_never
@@ -21,35 +18,14 @@ from sagemaker_training import mapping
 
 from entrypoint import tf_config
 from entrypoint.contract import Backend, BuiltinProgram, Contract, ContractError, UserScript
+from entrypoint.job import JobShape, VerdictRule
+from entrypoint.mpi.plan import MpiLaunch, RemoteShell, mpi_launch
+from entrypoint.ranks import RANK_SHIM, RANK_SOCKET_ENV, RANK_SOCKET_PATH
 from smcommon.names import BACKEND_ENV, JOB_SECRET_ENV, OLD_JOB_SECRET_ENV
 
 # TensorFlow's parameter-server guide: workers and ps fail an RPC at once when a peer is gone,
 # instead of retrying it forever.
 _PS_DEFAULTS = {"GRPC_FAIL_FAST": "use_caller"}
-
-# Flags for every job. ob1 + TCP is what works over SageMaker's ENA and Docker networks alike.
-_OMPI_FLAGS: tuple[str, ...] = (
-    "--allow-run-as-root",
-    # Prefix every line with [jobid,rank]<stream>: so interleaved rank logs stay attributable.
-    "--tag-output",
-    # Horovod's recommendation for one rank per GPU: no pinning, fill each host's slots in order.
-    "-bind-to", "none",
-    "-map-by", "slot",
-    "-mca", "pml", "ob1",
-    "-mca", "btl", "^openib",
-    # The first rank (or host) to exit non-zero ends the whole job instead of leaving it hung.
-    "-mca", "orte_abort_on_non_zero_status", "1",
-)  # fmt: skip
-# From this many hosts on, mpirun starts every orted itself instead of through a tree of workers,
-# all ssh sessions at once: Horovod's runner does the same (_LARGE_CLUSTER_THRESHOLD = 64, "On
-# large cluster runs (e.g. Summit), we need extra settings to work around OpenMPI issues"), and
-# launches above 64 hosts fail on EC2 with tree spawn (https://github.com/open-mpi/ompi/issues/6198,
-# 64 is the default routed radix). Below it, the tree keeps the master's ssh fan-out small.
-LARGE_CLUSTER_HOSTS = 64
-# Fail fast on a dead host instead of hanging in ssh (mpi-operator: ConnectionAttempts=10).
-_RSH_ARGS = (
-    "-o ConnectTimeout=10 -o ConnectionAttempts=3 -o ServerAliveInterval=2 -o ServerAliveCountMax=3"
-)
 
 # torchrun's static rendezvous: the master host's torchrun serves its TCPStore on this port.
 # torchrun's own default, and clear of every other port the entry point uses: 22 (sshd),
@@ -58,40 +34,6 @@ TORCHRUN_MASTER_PORT = 29500
 # How often torchrun looks at its ranks: a rank's exit ends torchrun's part within this.
 _TORCHRUN_MONITOR_INTERVAL_S = "0.5"
 
-# Variables forwarded to every rank: exact names, then prefixes.
-_FORWARD_NAMES = frozenset(
-    {
-        "LANG",
-        "LC_ALL",
-        "LD_LIBRARY_PATH",
-        "PATH",
-        "PYTHONPATH",
-        "PYTHONUNBUFFERED",
-        "PYTHONDONTWRITEBYTECODE",
-        "TRAINING_JOB_ARN",
-        "TRAINING_JOB_NAME",
-        "XLA_FLAGS",
-        "AWS_REGION",
-        "AWS_DEFAULT_REGION",
-        "AWS_ENDPOINT_URL",
-        "AWS_ENDPOINT_URL_S3",
-        # The toolkit's job name and region for the program (contract.toolkit_environment).
-        "SAGEMAKER_JOB_NAME",
-        "SAGEMAKER_REGION",
-    }
-)
-_FORWARD_PREFIXES = ("SM_", "HOROVOD_", "NCCL_", "TF_", "OMP_", "KMP_", "GLOO_", "MALLOC_")
-# Host-specific or secret values that must never be copied from the master to other hosts:
-# SM_CURRENT_HOST on every host made every rank think it ran on the master
-# (https://github.com/aws/sagemaker-training-toolkit/issues/158). SM_TRAINING_ENV embeds
-# current_host too. CUDA_VISIBLE_DEVICES is per host, as in Horovod's env filter.
-_NEVER_FORWARD = re.compile(
-    r"^(SM_CURRENT_HOST|SM_CURRENT_INSTANCE_TYPE|SM_CURRENT_INSTANCE_GROUP"
-    r"|SM_CURRENT_INSTANCE_GROUP_HOSTS|SM_TRAINING_ENV|SM_HVD_JOB_SECRET|SM_HVD_SSH_SEED"
-    r"|.*CUDA_VISIBLE_DEVICES"
-    r"|BASH_FUNC_.*|OLDPWD)$"
-)
-
 # Horovod defaults that make a hang fail loudly: warn after 60 s, shut down after 5 min.
 _HOROVOD_DEFAULTS = {
     "HOROVOD_STALL_CHECK_TIME_SECONDS": "60",
@@ -99,126 +41,8 @@ _HOROVOD_DEFAULTS = {
 }
 
 
-class RemoteShell(enum.Enum):
-    """How mpirun starts orted on a worker (the `mpi_remote_shell` hyperparameter)."""
-
-    # ssh to an sshd on every host, with per-job keys and an ssh readiness round.
-    SSH = "ssh"
-    # Our rsh agent (rsh_agent.py): the master asks the worker over the coordination channel
-    # to start orted (orted_command.py); no sshd, keys or readiness round anywhere.
-    CHANNEL = "channel"
-
-
-# The rsh agent mpirun runs instead of ssh (a console script of ours, on PATH on every host:
-# OpenMPI looks it up on workers too). One token: OpenMPI splits the value on ' ' and ':'.
-RSH_AGENT = "sm-horovod-rsh-agent"
-
-
-@dataclasses.dataclass(frozen=True)
-class JobShape:
-    """The job's shape: its hosts, who is master, how many ranks, which program."""
-
-    hosts: tuple[str, ...]
-    master_host: str
-    current_host: str
-    ranks_per_host: int
-    network_interface_name: str
-    program_argv: tuple[str, ...]
-    working_dir: Path | None
-    # What the user asked for (contract.py); the plan's Launch says what that means.
-    backend: Backend = Backend.MPI
-    # sagemaker_mpi_custom_mpi_options, already split: appended to mpirun's own options.
-    custom_mpi_options: tuple[str, ...] = ()
-    # How mpirun reaches the workers (Backend.MPI only).
-    remote_shell: RemoteShell = RemoteShell.SSH
-    # The interpreter program_argv starts a Python program with.
-    python: str = "python"
-    # The channel launch's call-back deadline (orted_callback_timeout); None: the default.
-    orted_callback_timeout_s: float | None = None
-
-    @property
-    def is_master(self) -> bool:
-        return self.current_host == self.master_host
-
-    @property
-    def worker_hosts(self) -> tuple[str, ...]:
-        return tuple(host for host in self.hosts if host != self.master_host)
-
-    @property
-    def total_ranks(self) -> int:
-        return self.ranks_per_host * len(self.hosts)
-
-    @property
-    def is_multi_host(self) -> bool:
-        return len(self.hosts) > 1
-
-
 # --------------------------------------------------------------------------------------------
 # Launches: how this job's processes start and end, as data the supervising loops obey.
-
-
-class VerdictRule(enum.Enum):
-    """Who decides the job's outcome."""
-
-    # The master's local part (mpirun) ends the job with its exit code; workers report nothing.
-    MASTER_PART = "master_part"
-    # Every host reports how its part ended: any failure fails the job, success needs all.
-    EVERY_HOST = "every_host"
-    # As EVERY_HOST, except that the chief's (the master's) success ends the job: the other
-    # hosts' servers never end on their own (tf.distribute's parameter servers).
-    CHIEF = "chief"
-
-
-def default_callback_timeout_s(host_count: int) -> float:
-    """60 s plus 1 s per host. An orted calls back within about a second of its exec; the rest
-    is mpirun's start and its agents (one Python process per worker, started at once on the
-    master), which grows with the host count on few cores: every worker had called back 1.1 s
-    after mpirun started at 2 hosts, 2.5 s at 16, 26 s at 48 and 18 s at 70 on this project's
-    2-core test machine under load (docs/design.md): a margin of four to seven there."""
-    return 60.0 + host_count
-
-
-@dataclasses.dataclass(frozen=True)
-class CallbackDeadline:
-    """The channel launch's own deadline (mpirun has none): every host in `hosts` must report
-    its orted's call-back to mpirun within `timeout_s` of mpirun's start, or the job fails."""
-
-    hosts: tuple[str, ...]
-    timeout_s: float
-
-
-@dataclasses.dataclass(frozen=True)
-class MpiLaunch:
-    """One mpirun on the master, which starts every rank (orted on the workers, over ssh or over
-    the coordination channel): a worker's part (orted) arrives without the master's Start, and
-    mpirun's exit code is the job's. Over ssh: sshd on every host, and the master ssh-checks
-    each worker before it starts mpirun."""
-
-    # The full mpirun command and the environment it runs with (on the master).
-    argv: tuple[str, ...]
-    env: Mapping[str, str]
-    remote_shell: RemoteShell = RemoteShell.SSH
-    # The host of each rank (index = rank), for failure lines; () where unknown (mpi_rank_hosts).
-    rank_hosts: tuple[str, ...] = ()
-    # The channel launch's call-back deadline (None over ssh).
-    callback_deadline: CallbackDeadline | None = None
-
-    worker_reports_exit: ClassVar[bool] = False
-    worker_starts_on_start: ClassVar[bool] = False
-    verdict: ClassVar[VerdictRule] = VerdictRule.MASTER_PART
-
-    @property
-    def runs_sshd(self) -> bool:
-        return self.remote_shell is RemoteShell.SSH
-
-    @property
-    def ssh_check(self) -> bool:
-        return self.remote_shell is RemoteShell.SSH
-
-    @property
-    def command(self) -> tuple[str, ...]:
-        """The command the log shows."""
-        return self.argv
 
 
 @dataclasses.dataclass(frozen=True)
@@ -232,6 +56,10 @@ class HostProcess:
     task: str | None = None
     # Put before each of its output lines where several processes share this host's stdout.
     prefix: str = ""
+    # The process starts ranks that register with this host's entry point (ranks.RANK_SHIM) and
+    # would end them on its own once one exits (torchrun: SIGTERM, then SIGKILL 30 s later). On
+    # a stop the ranks get SIGTERM and it is paused until they exited or the grace ran out.
+    supervises_ranks: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -246,9 +74,6 @@ class ProcessesLaunch:
     chief_task: str | None = None
 
     runs_sshd: ClassVar[bool] = False
-    ssh_check: ClassVar[bool] = False
-    worker_reports_exit: ClassVar[bool] = True
-    worker_starts_on_start: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         if not self.processes:
@@ -306,24 +131,6 @@ def program_argv(
 LaunchBuilder = Callable[[JobShape, Mapping[str, str]], Launch]
 
 
-def mpi_launch(shape: JobShape, env: Mapping[str, str]) -> MpiLaunch:
-    """Backend.MPI: one mpirun over every host."""
-    argv = tuple(build_mpirun_argv(shape, env))
-    deadline = None
-    if shape.remote_shell is RemoteShell.CHANNEL and shape.worker_hosts:
-        timeout_s = shape.orted_callback_timeout_s
-        if timeout_s is None:
-            timeout_s = default_callback_timeout_s(len(shape.hosts))
-        deadline = CallbackDeadline(shape.worker_hosts, timeout_s)
-    return MpiLaunch(
-        argv=argv,
-        env=env,
-        remote_shell=shape.remote_shell,
-        callback_deadline=deadline,
-        rank_hosts=mpi_rank_hosts(shape),
-    )
-
-
 def program_launch(shape: JobShape, env: Mapping[str, str]) -> ProcessesLaunch:
     """Backend.PER_HOST: the program once per host; any host failing fails the job."""
     program = HostProcess(shape.program_argv, env, shape.working_dir)
@@ -346,6 +153,8 @@ def torchrun_argv(shape: JobShape) -> list[str]:
         "--max-restarts", "0",
         "--monitor-interval", _TORCHRUN_MONITOR_INTERVAL_S,
         "--no-python",
+        # Each rank registers with this host's entry point, which owns it (ranks.py).
+        RANK_SHIM,
         *shape.program_argv,
     ]  # fmt: skip
 
@@ -353,7 +162,9 @@ def torchrun_argv(shape: JobShape) -> list[str]:
 def torchrun_launch(shape: JobShape, env: Mapping[str, str]) -> ProcessesLaunch:
     """Backend.TORCH_DISTRIBUTED: torchrun on every host starts and watches this host's ranks;
     every host reports torchrun's exit and any failure fails the job."""
-    process = HostProcess(tuple(torchrun_argv(shape)), env, shape.working_dir)
+    process = HostProcess(
+        tuple(torchrun_argv(shape)), env, shape.working_dir, supervises_ranks=True
+    )
     return ProcessesLaunch((process,), VerdictRule.EVERY_HOST)
 
 
@@ -418,7 +229,7 @@ def make_plan(
         working_dir=working_dir,
         backend=contract.settings.backend,
         custom_mpi_options=contract.settings.custom_mpi_options,
-        remote_shell=RemoteShell(contract.settings.remote_shell),
+        remote_shell=RemoteShell(contract.settings.remote_shell).value,
         python=python,
         orted_callback_timeout_s=contract.settings.orted_callback_timeout_s,
     )
@@ -485,13 +296,6 @@ def sagemaker_environment(contract: Contract, *, gpu_count: int, cpu_count: int)
     return mapping.to_env_vars(fields)
 
 
-def is_exportable(name: str) -> bool:
-    """The one filter for what crosses to other hosts (Horovod's env_util.is_exportable)."""
-    if _NEVER_FORWARD.match(name):
-        return False
-    return name in _FORWARD_NAMES or name.startswith(_FORWARD_PREFIXES)
-
-
 def rank_environment(
     base_env: Mapping[str, str], sagemaker_env: Mapping[str, str], plan: JobShape
 ) -> dict[str, str]:
@@ -506,106 +310,11 @@ def rank_environment(
     env.setdefault("HOROVOD_GLOO_IFACE", interface)
     for name, value in _HOROVOD_DEFAULTS.items():
         env.setdefault(name, value)
+    # Where a rank started through ranks.RANK_SHIM (mpirun's, torchrun's) registers.
+    env[RANK_SOCKET_ENV] = RANK_SOCKET_PATH
     for secret in (JOB_SECRET_ENV, OLD_JOB_SECRET_ENV):
         env.pop(secret, None)
     return env
-
-
-def build_mpirun_argv(plan: JobShape, env: Mapping[str, str]) -> list[str]:
-    """The full mpirun command. Variables are forwarded by name only (`-x NAME`): values stay
-    out of argv, so the logged command holds no secret and is deterministic."""
-    host_list = ",".join(f"{host}:{plan.ranks_per_host}" for host in plan.hosts)
-    interface = plan.network_interface_name
-    argv = [
-        "mpirun",
-        *_OMPI_FLAGS,
-        "-np", str(plan.total_ranks),
-        "-H", host_list,
-        "-mca", "btl_tcp_if_include", interface,
-        "-mca", "oob_tcp_if_include", interface,
-        *remote_shell_flags(plan.remote_shell, len(plan.hosts)),
-    ]  # fmt: skip
-    if plan.working_dir is not None:
-        argv += ["-wdir", str(plan.working_dir)]
-    for name in sorted(env):
-        if is_exportable(name):
-            argv += ["-x", name]
-    # The user's options come last, where the toolkit puts them, so they can add to ours.
-    argv += list(plan.custom_mpi_options)
-    argv += list(mpi_program_argv(plan))
-    return argv
-
-
-def mpi_program_argv(plan: JobShape) -> tuple[str, ...]:
-    """What mpirun starts on every rank. A Python program runs as `python -m mpi4py ...`, as
-    the toolkit runs it (sagemaker_training/mpi.py, MasterRunner._python_command): a rank that
-    dies of an uncaught exception after initializing MPI through mpi4py then calls MPI_Abort,
-    which ends every rank, instead of waiting in MPI_Finalize for peers that wait for it in a
-    collective (a hang). A program that never imports mpi4py.MPI runs exactly as before."""
-    if plan.program_argv[:1] == (plan.python,):
-        return (plan.python, "-m", "mpi4py", *plan.program_argv[1:])
-    return plan.program_argv
-
-
-# mpirun options (and MCA parameters, by prefix) with which a user's custom_mpi_options may place
-# ranks other than our `-H host:slots` and `-map-by slot` do.
-_PLACEMENT_OPTIONS = frozenset(
-    {
-        "-H", "-host", "--host", "-hostfile", "--hostfile", "-machinefile", "--machinefile",
-        "-default-hostfile", "--default-hostfile", "-rf", "--rankfile",
-        "-map-by", "--map-by", "-rank-by", "--rank-by", "-ppr", "--ppr",
-        "-npernode", "--npernode", "-N", "-pernode", "--pernode",
-        "-npersocket", "--npersocket", "-bynode", "--bynode", "-byslot", "--byslot",
-        "-np", "--np", "-n", "-c", "-oversubscribe", "--oversubscribe",
-    }
-)  # fmt: skip
-_PLACEMENT_MCA_PREFIXES = ("rmaps", "orte_rankfile", "hwloc_base_binding", "ras")
-
-
-def mpi_rank_hosts(plan: JobShape) -> tuple[str, ...]:
-    """Which host each rank runs on (index = rank), as `-H host:R,...` with `-map-by slot`
-    places them: R ranks on the first host, then the next; () where the user's own mpirun
-    options may place them otherwise (a failure line then names the rank only)."""
-    for option in plan.custom_mpi_options:
-        if option.split("=", 1)[0] in _PLACEMENT_OPTIONS or option.startswith(
-            _PLACEMENT_MCA_PREFIXES
-        ):
-            return ()
-    return tuple(host for host in plan.hosts for _ in range(plan.ranks_per_host))
-
-
-def remote_shell_flags(remote_shell: RemoteShell, host_count: int) -> list[str]:
-    """How mpirun starts orted on the workers."""
-    match remote_shell:
-        case RemoteShell.SSH:
-            return ["-mca", "plm_rsh_args", _RSH_ARGS, *large_cluster_flags(host_count)]
-        case RemoteShell.CHANNEL:
-            # The channel is a star: only the master can ask a worker for orted, so no tree
-            # spawn at any host count (orted then also gets --daemonize, which the worker
-            # drops to keep orted its child). Every agent session stays open while its orted
-            # runs, so all of them must be allowed at once (default 128) or the launch stalls.
-            return [
-                "-mca", "plm_rsh_agent", RSH_AGENT,
-                "-mca", "plm_rsh_no_tree_spawn", "1",
-                "-mca", "plm_rsh_num_concurrent", str(max(host_count, 1)),
-            ]  # fmt: skip
-        case unknown:
-            assert_never(unknown)
-
-
-def large_cluster_flags(host_count: int) -> list[str]:
-    """OpenMPI launch settings by host count (see LARGE_CLUSTER_HOSTS)."""
-    if host_count < LARGE_CLUSTER_HOSTS:
-        return []
-    return [
-        "-mca", "plm_rsh_no_tree_spawn", "1",
-        "-mca", "plm_rsh_num_concurrent", str(host_count),
-    ]  # fmt: skip
-
-
-def format_command(argv: list[str]) -> str:
-    """The command as a shell would read it, for the log (pip's format_command_args)."""
-    return shlex.join(argv)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -45,8 +45,8 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from smcommon.failure import STOPPED_EXIT_CODE, Failure, Reason
 
 # Sent in every Hello; a master refuses a worker that speaks another version. 2: Hello carries
-# the version; Refused, Request and Response exist.
-PROTOCOL_VERSION = 2
+# the version; Refused, Request and Response exist. 3: Stop.
+PROTOCOL_VERSION = 3
 # What a Hello without a version field is: the first protocol, which sent none.
 _UNVERSIONED = 1
 NONCE_BYTES = 16
@@ -248,6 +248,17 @@ class Start(Message):
 
 
 @dataclasses.dataclass(frozen=True)
+class Stop(Message):
+    """The job is stopping (SIGTERM on some host: StopTrainingJob, a spot interruption, docker
+    stop): a worker that got it tells the master, the master tells every worker, and every host
+    forwards SIGTERM to its own ranks, which get the grace period to checkpoint. A spot
+    interruption may reach one host first; its ranks alone could not finish a collective."""
+
+    TYPE = "stop"
+    TRAVELS = BOTH_WAYS
+
+
+@dataclasses.dataclass(frozen=True)
 class _Outcome(Message):
     """How something ended: an exit code and, for a failure, its Failure (reason, message,
     host) as three JSON fields."""
@@ -361,7 +372,7 @@ def catalog(*types: type[Message]) -> dict[str, type[Message]]:
 
 # Every message of the channel itself; a feature that adds messages extends this table.
 MESSAGES: tuple[type[Message], ...] = (
-    Hello, Refused, Heartbeat, Start, Exited, Verdict, Ack, Request, Response,
+    Hello, Refused, Heartbeat, Start, Stop, Exited, Verdict, Ack, Request, Response,
 )  # fmt: skip
 CATALOG: Catalog = catalog(*MESSAGES)
 

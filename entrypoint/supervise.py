@@ -1,8 +1,9 @@
 """The imperative shell: the supervising loops of the master and the workers.
 
-The loops obey the plan's Launch (plan.py) and never look at the backend the user asked for.
-Master (first host): waits until every worker is connected to the coordination channel (and,
-where the launch says so, accepts ssh), starts its local part (mpirun, or its own processes),
+The loops see only this host's part (localpart.py), never the launch or the backend the user
+asked for. Master (first host): waits until every worker is connected to the coordination
+channel and ready for the part (the ssh launch ssh-checks it), starts its local part (mpirun, or
+its own processes),
 watches the channel for lost hosts and the workers' reported exits, decides the verdict by the
 launch's rule, tells every worker over the channel, exits with it.
 Worker: connects to the master, runs its local part (started on the master's Start, or arriving
@@ -10,7 +11,9 @@ on its own, as mpirun's orted does over ssh), reports how it ended where the lau
 exits with the master's verdict.
 It fails on its own only when the master is lost or never comes (mpi-operator: the launcher
 decides the outcome, workers can only fail the job).
-Both: SIGTERM goes to the local training processes, which get `sigterm_grace_s` to checkpoint.
+Both: a stop (SIGTERM) on any host stops the job on every host: a worker tells the master, the
+master tells every worker (Stop), and each host's part sends SIGTERM to its own ranks and only
+to them; they get `sigterm_grace_s` to checkpoint while the daemons and the channel stay up.
 Time comes from a Clock in ShellConfig, so unit tests drive the loops with a fake one.
 """
 
@@ -21,34 +24,21 @@ import logging
 import shutil
 import signal
 import subprocess
-import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from entrypoint.coordination import MasterChannel, WorkerChannel
-from entrypoint.launchers import KILL_WAIT_S, LocalPart, local_part, terminate
-from entrypoint.plan import JobPlan, MpiLaunch, RemoteShell, VerdictRule, format_command
-from entrypoint.protocol import CATALOG, Exited, Verdict, host_verdict, suspect_peers
-from entrypoint.remote_shell import (
-    REMOTE_SHELL_CATALOG,
-    AgentRelay,
-    OrtedCallbacks,
-    OrtedSpawner,
-)
-from entrypoint.rsh_agent import AGENT_SOCKET_ENV
-from smcommon.failure import (
-    STOPPED_EXIT_CODE,
-    Failure,
-    Reason,
-    record_failure,
-)
+from entrypoint.job import VerdictRule, format_command
+from entrypoint.localpart import KILL_WAIT_S, LocalPart
+from entrypoint.parts import local_part
+from entrypoint.plan import JobPlan
+from entrypoint.protocol import Exited, Verdict, host_verdict, suspect_peers
+from smcommon.failure import STOPPED_EXIT_CODE, Failure, Reason, record_failure
 from smcommon.names import MASTER_SILENCE_LINE, WORKER_SILENCE_LINE
 
 log = logging.getLogger("entrypoint")
-
-RUN_DIR = Path("/run/sm-horovod")
-SSHD = "/usr/sbin/sshd"
 
 POLL_INTERVAL_S = 0.1
 # After mpirun failed, how long the master waits for the channel to name a lost host.
@@ -59,28 +49,30 @@ SUSPECT_SILENCE_S = 3.0
 MASTER_ARRIVAL_MARGIN_S = 60.0
 # How long the master waits for the workers to acknowledge the verdict before it exits.
 VERDICT_ACK_TIMEOUT_S = 10.0
-# ssh readiness checks in flight at once: each costs the master an ssh process and a handshake,
-# and a worker's sshd drops unauthenticated connections beyond its MaxStartups.
-MAX_SSH_CHECKS_IN_FLIGHT = 16
-SSH_RETRY_S = 0.2
 
 
 class JobError(Exception):
-    """A failure with a reason: written to the failure file, then the entry point exits."""
+    """A failure that ends this host's loop: recorded in the failure file, then the entry point
+    exits with `exit_code`. The failure's host is filled in where it is raised without one."""
 
-    def __init__(
-        self, reason: Reason, message: str, exit_code: int = 1, host: str | None = None
-    ) -> None:
-        super().__init__(message)
-        self.reason = reason
-        self.message = message
+    def __init__(self, failure: Failure, exit_code: int = 1) -> None:
+        super().__init__(failure.message)
+        self.failure = failure
         self.exit_code = exit_code
-        # Where it happened, when that is not this host (a rank mpirun ran on a worker).
-        self.host = host
+
+    @classmethod
+    def of(cls, reason: Reason, message: str, exit_code: int = 1) -> JobError:
+        return cls(Failure(reason, message), exit_code)
 
     def failure_on(self, host: str) -> Failure:
         """The failure as it happened on `host` (this one), unless it names another."""
-        return Failure(self.reason, self.message, self.host or host)
+        if self.failure.host:
+            return self.failure
+        return dataclasses.replace(self.failure, host=host)
+
+
+def _stopped(message: str = "stopped by SIGTERM") -> JobError:
+    return JobError.of(Reason.STOPPED, message, STOPPED_EXIT_CODE)
 
 
 class Clock:
@@ -107,20 +99,6 @@ class ShellConfig:
     host_wait_timeout_s: float
     sigterm_grace_s: float
     clock: Clock = dataclasses.field(default_factory=Clock)
-
-
-class Sshd:
-    """sshd in the foreground as our child, with this host's name for the sessions it starts:
-    ranks on a worker see their own SM_CURRENT_HOST (never the master's, toolkit issue #158)."""
-
-    def __init__(self, current_host: str) -> None:
-        RUN_DIR.mkdir(parents=True, exist_ok=True)
-        argv = [SSHD, "-D", "-e", "-o", f"SetEnv=SM_CURRENT_HOST={current_host}"]
-        log.info("starting sshd")
-        self._process = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
-
-    def stop(self) -> None:
-        terminate(self._process)
 
 
 # --------------------------------------------------------------------------------------------
@@ -151,84 +129,37 @@ def detect_gpu_count() -> int:
 # Readiness
 
 
-def _ssh_true(host: str) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        ["ssh", "-o", "ConnectTimeout=5", host, "true"],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-
-
-class _SshChecks:
-    """`ssh HOST true` to connected workers, at most MAX_SSH_CHECKS_IN_FLIGHT at once, each
-    retried SSH_RETRY_S after a failure; `ready` holds the hosts that passed."""
-
-    def __init__(self) -> None:
-        self.ready: set[str] = set()
-        self._running: dict[str, subprocess.Popen[bytes]] = {}
-        self._retry_at: dict[str, float] = {}
-
-    def advance(self, connected: frozenset[str], now: float) -> None:
-        for host, check in list(self._running.items()):
-            code = check.poll()
-            if code == 0:
-                self.ready.add(host)
-            if code is not None:
-                del self._running[host]
-                self._retry_at[host] = now + SSH_RETRY_S
-        for host in sorted(connected - self.ready - self._running.keys()):
-            if len(self._running) >= MAX_SSH_CHECKS_IN_FLIGHT:
-                break
-            if now >= self._retry_at.get(host, 0.0):
-                self._running[host] = _ssh_true(host)
-
-    def close(self) -> None:
-        for check in self._running.values():
-            check.kill()
-            check.wait()
-
-
 def wait_for_workers(
     workers: tuple[str, ...],
     channel: MasterChannel,
     timeout_s: float,
     stop: threading.Event,
     *,
-    ssh_check: bool,
+    ready: Callable[[frozenset[str], float], frozenset[str]],
     clock: Clock,
 ) -> None:
-    """Until every worker is connected to the channel and, where mpirun will ssh to it, accepts
-    the job's ssh key; or raise. A worker is ssh-checked only once it connected (its container
-    exists and its sshd started, so no ssh waits on a name that does not resolve yet), with at
-    most MAX_SSH_CHECKS_IN_FLIGHT handshakes at once."""
+    """Until every worker is connected to the channel and ready for the part (`ready`: the
+    ssh launch ssh-checks each connected worker), or raise. A worker that asks to stop before
+    the start stops the job too."""
     started = clock.now()
     deadline = started + timeout_s
-    checks = _SshChecks()
     log.info("waiting up to %.0f s for %d workers", timeout_s, len(workers))
-    try:
-        while True:
-            lost = channel.lost()
-            if lost:
-                host, why = next(iter(lost.items()))
-                raise JobError(Reason.HOST_LOST, f"host {host} lost before the start: {why}")
-            now = clock.now()
-            connected = channel.connected()
-            if ssh_check:
-                checks.advance(connected, now)
-            ready = checks.ready if ssh_check else connected
-            if len(ready) == len(workers):
-                break
-            if stop.is_set():
-                raise JobError(
-                    Reason.STOPPED, "stopped while waiting for workers", STOPPED_EXIT_CODE
-                )
-            if now >= deadline:
-                message = _unready_message(workers, connected, set(ready), timeout_s)
-                raise JobError(Reason.WORKER_UNREACHABLE, message)
-            clock.wait(stop, 0.05)
-    finally:
-        checks.close()
+    while True:
+        lost = channel.lost()
+        if lost:
+            host, why = next(iter(lost.items()))
+            raise JobError.of(Reason.HOST_LOST, f"host {host} lost before the start: {why}")
+        now = clock.now()
+        connected = channel.connected()
+        ready_hosts = ready(connected, now)
+        if len(ready_hosts) == len(workers):
+            break
+        if stop.is_set() or channel.stop_requested() is not None:
+            raise _stopped("stopped while waiting for workers")
+        if now >= deadline:
+            message = _unready_message(workers, connected, set(ready_hosts), timeout_s)
+            raise JobError.of(Reason.WORKER_UNREACHABLE, message)
+        clock.wait(stop, 0.05)
     log.info("all %d workers ready after %.1f s", len(workers), clock.now() - started)
 
 
@@ -246,46 +177,44 @@ def _unready_message(
 # Master
 
 
-def _part_failure(host: str, part: LocalPart, exit_code: int) -> Failure | None:
-    """The failure of a local part that ended with `exit_code` (None for success)."""
-    if exit_code == 0:
-        return None
-    return _failure_message(part, f"the program exited with code {exit_code}").failure_on(host)
-
-
-def _mpirun_failure(part: LocalPart, exit_code: int) -> JobError:
-    return _failure_message(part, f"mpirun exited with code {exit_code}", exit_code)
-
-
-def _failure_message(part: LocalPart, exited: str, exit_code: int = 1) -> JobError:
-    """A part's failure: how it exited and its last error line, on that line's host; or the
-    part's own reason where it ended itself (ErrorLine.explains_exit)."""
-    detail = part.failure_detail()
-    if detail is None:
-        return JobError(Reason.TRAINING_FAILED, exited, exit_code)
-    message = detail.text if detail.explains_exit else f"{exited}; last error: {detail.text}"
-    return JobError(Reason.TRAINING_FAILED, message, exit_code, detail.host)
-
-
 class _Grace:
-    """SIGTERM handling shared by both loops: forward once, then a deadline."""
+    """A stop, shared by both loops: the first time a host sees it (its own SIGTERM, or a peer's
+    Stop over the channel) its part forwards SIGTERM to the ranks and `tell` passes the stop on
+    (a worker to the master, the master to every worker); then a deadline."""
 
     def __init__(
-        self, stop: threading.Event, part: LocalPart, grace_s: float, clock: Clock
+        self,
+        stop: threading.Event,
+        part: LocalPart,
+        grace_s: float,
+        clock: Clock,
+        *,
+        tell: Callable[[], None] | None,
+        tell_when_told: bool,
     ) -> None:
         self._stop = stop
         self._part = part
         self._grace_s = grace_s
         self._clock = clock
+        self._tell = tell
+        # The master passes a worker's Stop on to the others; a worker does not echo it back.
+        self._tell_when_told = tell_when_told
+        self._told = False
         self.deadline: float | None = None
 
-    def check(self, *, extra_s: float = 0.0) -> bool:
-        """Forward SIGTERM on the first call after a stop; True once the deadline passed."""
+    def check(self, *, told: bool, extra_s: float = 0.0) -> bool:
+        """Stop on the first call after a stop; True once the deadline passed. `told`: a peer
+        said the job is stopping."""
+        if told and not self._stop.is_set():
+            self._told = True
+            self._stop.set()
         if not self._stop.is_set():
             return False
         now = self._clock.now()
         if self.deadline is None:
-            self._part.forward_sigterm(self._grace_s)
+            self._part.stop(self._grace_s)
+            if self._tell is not None and (self._tell_when_told or not self._told):
+                self._tell()
             self.deadline = now + self._grace_s + extra_s
         return now >= self.deadline
 
@@ -306,7 +235,7 @@ def _settle_lost(channel: MasterChannel | None, clock: Clock) -> dict[str, str]:
 
 def _host_lost(lost: dict[str, str]) -> JobError:
     host, why = next(iter(lost.items()))
-    return JobError(Reason.HOST_LOST, f"host {host} lost during training: {why}")
+    return JobError.of(Reason.HOST_LOST, f"host {host} lost during training: {why}")
 
 
 def _mpirun_outcome(
@@ -314,7 +243,7 @@ def _mpirun_outcome(
 ) -> JobError | None:
     log.info("mpirun exited with code %d", code)
     if stop.is_set():
-        return JobError(Reason.STOPPED, "stopped by SIGTERM", STOPPED_EXIT_CODE)
+        return _stopped()
     if code == 0:
         return None
     # mpirun may notice a dead host a moment before the channel does: a host lost just now
@@ -329,11 +258,12 @@ def _mpirun_outcome(
         host = suspects[0]
         why = f"nothing heard for {channel.silences().get(host, SUSPECT_SILENCE_S):.0f} s"
         channel.drop(host, why)
-        return JobError(
+        return JobError.of(
             Reason.HOST_LOST,
             f"host {host} lost during training: {why}, and mpirun exited with code {code}",
         )
-    return _mpirun_failure(part, code)
+    failure = part.failure(code) or Failure(Reason.TRAINING_FAILED, f"exited with code {code}")
+    return JobError(failure, code)
 
 
 def _supervise_master(
@@ -346,10 +276,19 @@ def _supervise_master(
     """Until the job's outcome is known: the verdict of the launch's rule, or a JobError for
     what failed here (a lost host, mpirun's failure, a stop past its grace period)."""
     clock = config.clock
-    grace = _Grace(stop, part, config.sigterm_grace_s, clock)
-    rule = plan.launch.verdict
+    grace = _Grace(
+        stop,
+        part,
+        config.sigterm_grace_s,
+        clock,
+        tell=channel.stop_workers if channel is not None else None,
+        tell_when_told=True,
+    )
+    rule = part.verdict
     chief = plan.master_host if rule is VerdictRule.CHIEF else None
     while True:
+        told = channel is not None and channel.stop_requested() is not None
+        expired = grace.check(told=told)
         code = part.poll()
         lost = channel.lost() if channel else {}
         if lost:
@@ -363,14 +302,13 @@ def _supervise_master(
         else:
             exits = channel.exits() if channel else {}
             if code is not None:
-                own_failure = _part_failure(plan.current_host, part, code)
-                exits[plan.current_host] = Exited(code, own_failure)
+                exits[plan.current_host] = Exited(code, part.failure(code))
             verdict = host_verdict(plan.hosts, exits, chief=chief, stopping=stop.is_set())
             if verdict is not None:
                 return verdict
-        if grace.check():
+        if expired:
             log.warning("still running after the grace period: ending the job")
-            raise JobError(Reason.STOPPED, "stopped by SIGTERM", STOPPED_EXIT_CODE)
+            raise _stopped()
         clock.wait(stop, POLL_INTERVAL_S)
 
 
@@ -393,7 +331,7 @@ def run_master(
                     channel,
                     config.host_wait_timeout_s,
                     stop,
-                    ssh_check=plan.launch.ssh_check,
+                    ready=part.ready_workers,
                     clock=config.clock,
                 )
                 channel.start_workers()
@@ -431,13 +369,21 @@ def _supervise_worker(
     config: ShellConfig,
     stop: threading.Event,
 ) -> int:
-    launch = plan.launch
     clock = config.clock
-    grace = _Grace(stop, part, config.sigterm_grace_s, clock)
+    grace = _Grace(
+        stop,
+        part,
+        config.sigterm_grace_s,
+        clock,
+        tell=channel.send_stop,
+        tell_when_told=False,
+    )
     # A part that does not start on the master's Start arrives on its own (mpirun's orted).
-    started = not launch.worker_starts_on_start
-    reported = not launch.worker_reports_exit
+    started = not part.starts_on_start
+    reported = not part.reports_exit
     while True:
+        # The master needs a moment after the grace period to end the job and report.
+        expired = grace.check(told=channel.stop_requested, extra_s=2 * KILL_WAIT_S)
         verdict = channel.verdict
         if verdict is not None:
             part.end()
@@ -447,7 +393,7 @@ def _supervise_worker(
             return verdict.exit_code
         if channel.lost is not None:
             part.end()
-            raise JobError(Reason.MASTER_LOST, channel.lost)
+            raise JobError.of(Reason.MASTER_LOST, channel.lost)
         if not started and channel.started and not stop.is_set():
             # This host's own command (torchrun's --node-rank differs from the master's).
             log.info("running: %s", format_command(list(plan.command)))
@@ -456,12 +402,11 @@ def _supervise_worker(
         code = part.poll()
         if code is not None and not reported:
             log.info("local part ended with code %d; waiting for the master's verdict", code)
-            channel.send_exited(code, _part_failure(plan.current_host, part, code))
+            channel.send_exited(code, part.failure(code))
             reported = True
-        # The master needs a moment after the grace period to end the job and report.
-        if grace.check(extra_s=2 * KILL_WAIT_S):
+        if expired:
             part.end()
-            raise JobError(Reason.STOPPED, "stopped by SIGTERM", STOPPED_EXIT_CODE)
+            raise _stopped()
         clock.wait(stop, POLL_INTERVAL_S)
 
 
@@ -496,47 +441,28 @@ def master_arrival_deadline(config: ShellConfig) -> float:
 def run_host(
     plan: JobPlan, config: ShellConfig, stop: threading.Event, *, job_key: bytes | None
 ) -> int:
-    """Start sshd where the launch needs it, open this host's end of the coordination channel
-    (multi-host jobs), and run the master's or the worker's loop over this host's part."""
-    launch = plan.launch
-    channel_shell = isinstance(launch, MpiLaunch) and launch.remote_shell is RemoteShell.CHANNEL
-    catalog = REMOTE_SHELL_CATALOG if channel_shell else CATALOG
-    # mpirun's rsh agent reaches the master's channel through this relay (remote_shell.py).
-    relay_dir = tempfile.mkdtemp(prefix="smh-rsh-") if channel_shell and plan.is_master else None
-    if relay_dir is not None and isinstance(launch, MpiLaunch):
-        socket_path = str(Path(relay_dir) / "agent.sock")
-        launch = dataclasses.replace(launch, env={**launch.env, AGENT_SOCKET_ENV: socket_path})
-    # The master's record of the workers' orted call-backs, for the deadline mpirun lacks.
-    callbacks = OrtedCallbacks() if relay_dir is not None else None
-    part = local_part(
-        launch,
-        is_master=plan.is_master,
-        called_back=callbacks.called_back if callbacks is not None else None,
-    )
-    # sshd first: a worker that connects to the channel is one that mpirun can reach.
-    sshd = Sshd(plan.current_host) if job_key and launch.runs_sshd else None
+    """This host's part readies what it needs (sshd, its sockets), this host's end of the
+    coordination channel opens (multi-host jobs) with the part's messages and handlers, and the
+    master's or the worker's loop runs over the part."""
+    part = local_part(plan.launch, is_master=plan.is_master, host=plan.current_host)
+    part.prepare()
     try:
         if plan.is_master:
             channel = (
                 MasterChannel(
                     job_key=job_key,
                     workers=plan.worker_hosts,
-                    catalog=catalog,
-                    handlers=callbacks.handlers() if callbacks is not None else None,
+                    catalog=part.catalog,
+                    handlers=part.handlers(),
                 )
                 if job_key
                 else None
             )
-            relay = (
-                AgentRelay(channel, Path(relay_dir))
-                if channel is not None and relay_dir is not None
-                else None
-            )
             try:
+                if channel is not None:
+                    part.attach(channel.request)
                 return run_master(plan, part, channel, config, stop)
             finally:
-                if relay is not None:
-                    relay.close()
                 if channel is not None:
                     channel.close()
         if job_key is None:
@@ -546,16 +472,15 @@ def run_host(
             host=plan.current_host,
             master=plan.master_host,
             deadline=master_arrival_deadline(config),
-            handlers=OrtedSpawner(plan.current_host).handlers() if channel_shell else None,
-            catalog=catalog,
+            handlers=part.handlers(),
+            catalog=part.catalog,
         )
         try:
             return run_worker(plan, part, worker_channel, config, stop)
         finally:
             worker_channel.close()
     finally:
-        if sshd is not None:
-            sshd.stop()
+        part.close()
 
 
 # --------------------------------------------------------------------------------------------

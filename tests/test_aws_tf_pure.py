@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from entrypoint.contract import Backend, ContractError, parse_contract
-from entrypoint.plan import build_mpirun_argv, make_plan
+from entrypoint.mpi.plan import build_mpirun_argv
+from entrypoint.plan import make_plan
 from smdistributed.dataparallel import mapping
 from smdistributed.dataparallel.mapping import ReduceOp
 from tf_s3.model_dir import missing_bucket_message
@@ -56,9 +57,10 @@ def test_the_sdks_data_parallel_distribution_runs_under_mpirun():
     argv = build_mpirun_argv(plan, {"SM_MODEL_DIR": "/opt/ml/model"})
     assert argv[:2] == ["mpirun", "--allow-run-as-root"]
     # The options come last before the program, where the toolkit puts them.
-    assert argv[-10:] == [
+    assert argv[-11:] == [
         "-x", "HOROVOD_CYCLE_TIME=1", "-x", "NCCL_DEBUG=WARN",
-        "python", "-m", "mpi4py", "train.py", "--model_dir", "s3://bucket/job/model",
+        "sm-horovod-rank", "python", "-m", "mpi4py", "train.py", "--model_dir",
+        "s3://bucket/job/model",
     ]  # fmt: skip
     assert "-np" in argv and argv[argv.index("-np") + 1] == "16"
 

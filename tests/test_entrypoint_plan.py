@@ -8,31 +8,22 @@ from pathlib import Path
 import pytest
 
 from entrypoint.contract import ContractError, parse_contract
-from entrypoint.launchers import (
-    ChannelMpirunPart,
-    ErrorLine,
-    MpirunPart,
-    OrtedPart,
-    OutputTail,
-    ProgramPart,
-    TaskGroupPart,
-    local_part,
-    mpi_rank_error,
-    torchrun_root_cause,
-)
-from entrypoint.plan import (
+from entrypoint.job import VerdictRule, format_command, is_exportable
+from entrypoint.localpart import OutputTail, torchrun_root_cause
+from entrypoint.mpi.parts import MpirunPart, OrtedPart, mpi_rank_error
+from entrypoint.mpi.plan import (
     CallbackDeadline,
-    HostProcess,
     MpiLaunch,
-    ProcessesLaunch,
     RemoteShell,
-    VerdictRule,
     build_mpirun_argv,
     default_callback_timeout_s,
-    format_command,
-    is_exportable,
-    make_plan,
     mpi_rank_hosts,
+)
+from entrypoint.parts import ProgramPart, TaskGroupPart, local_part
+from entrypoint.plan import (
+    HostProcess,
+    ProcessesLaunch,
+    make_plan,
     rank_environment,
     ranks_per_host,
     sagemaker_environment,
@@ -76,8 +67,9 @@ def test_mpirun_argv_over_ssh_is_exact():
         "-o ConnectTimeout=10 -o ConnectionAttempts=3 -o ServerAliveInterval=2 "
         "-o ServerAliveCountMax=3",
         "-x", "HOROVOD_FUSION_THRESHOLD", "-x", "PATH", "-x", "SM_MODEL_DIR",
-        # mpi4py's runner: an uncaught exception in a rank aborts the job (no hang).
-        "python", "-m", "mpi4py", "-m", "model.train", "--epochs", "2",
+        # Each rank registers with its host's entry point, then runs mpi4py's runner (an
+        # uncaught exception in a rank aborts the job: no hang).
+        "sm-horovod-rank", "python", "-m", "mpi4py", "-m", "model.train", "--epochs", "2",
     ]  # fmt: skip
 
 
@@ -217,7 +209,9 @@ def test_launch_settings_by_host_count(host_count, flags):
     argv = build_mpirun_argv(plan, {})
     rsh_args = argv.index("plm_rsh_args") + 2
     assert argv[rsh_args : rsh_args + len(flags)] == flags
-    assert argv[rsh_args + len(flags) : rsh_args + len(flags) + 3] == ["python", "-m", "mpi4py"]
+    assert argv[rsh_args + len(flags) : rsh_args + len(flags) + 4] == [
+        "sm-horovod-rank", "python", "-m", "mpi4py",
+    ]  # fmt: skip
 
 
 def test_sdk_mpi_distribution_shapes_the_command():
@@ -235,9 +229,9 @@ def test_sdk_mpi_distribution_shapes_the_command():
     argv = build_mpirun_argv(plan, {"PATH": "/usr/bin", "SAGEMAKER_JOB_NAME": "j"})
     assert argv[argv.index("-np") + 1] == "4"
     assert argv[argv.index("-H") + 1] == "algo-1:2,algo-2:2"
-    assert argv[-13:] == [
+    assert argv[-14:] == [
         "-x", "SAGEMAKER_JOB_NAME", "-x", "HOROVOD_CYCLE_TIME=1", "--mca", "btl_tcp_links", "2",
-        "python", "-m", "mpi4py", "train.py", "--model_dir", "/opt/ml/model",
+        "sm-horovod-rank", "python", "-m", "mpi4py", "train.py", "--model_dir", "/opt/ml/model",
     ]  # fmt: skip
 
 
@@ -296,9 +290,11 @@ def test_make_plan_chooses_one_launch_per_backend(hyperparameters, current, expe
     )
     launch = plan.launch
     assert type(launch) is kind
-    assert (launch.runs_sshd, launch.ssh_check) == (sshd, ssh_check)
-    assert (launch.worker_reports_exit, launch.worker_starts_on_start) == (reports, on_start)
-    assert launch.verdict is verdict
+    # The ssh launch ssh-checks every worker before mpirun: only where sshd runs.
+    assert launch.runs_sshd == sshd == ssh_check
+    part = local_part(launch, is_master=plan.is_master, host=current)
+    assert (part.reports_exit, part.starts_on_start) == (reports, on_start)
+    assert part.verdict is verdict
     assert plan.ranks_per_host == ranks
     # The program's environment: ours without the secret, the toolkit's, the defaults.
     assert plan.environment["PATH"] == "/bin"
@@ -309,7 +305,7 @@ def test_make_plan_chooses_one_launch_per_backend(hyperparameters, current, expe
     assert plan.environment["HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"] == "300"
     if isinstance(launch, MpiLaunch):
         assert launch.argv == tuple(build_mpirun_argv(plan, plan.environment))
-        assert launch.argv[-6:] == ("python", "-m", "mpi4py", *PROGRAM[1:])
+        assert launch.argv[-7:] == ("sm-horovod-rank", "python", "-m", "mpi4py", *PROGRAM[1:])
         assert plan.command == launch.argv
         assert launch.env == plan.environment
         return
@@ -333,9 +329,9 @@ def test_local_part_follows_the_launch():
         plan = make_plan(
             contract(current=current, hyperparameters={**SCRIPT, **hyperparameters}), gpu_count=0
         )
-        return local_part(plan.launch, is_master=plan.is_master, called_back=frozenset)
+        return local_part(plan.launch, is_master=plan.is_master, host=current)
 
-    assert type(part({})) is ChannelMpirunPart
+    assert type(part({})) is MpirunPart
     assert type(part({"mpi_remote_shell": "ssh"})) is MpirunPart
     assert type(part({"mpi_remote_shell": "ssh"}, current="algo-2")) is OrtedPart
     assert type(part({}, current="algo-2")) is OrtedPart
@@ -368,7 +364,7 @@ def test_torchrun_argv_is_exact(current, ranks, program, expected_tail):
         node_rank, rank,
         "--rdzv-backend", "static", "--master-addr", "algo-1", "--master-port", "29500",
         "--max-restarts", "0", "--monitor-interval", "0.5", "--no-python",
-        *program_argv,
+        "sm-horovod-rank", *program_argv,
     ]  # fmt: skip
     (process,) = plan.launch.processes
     assert process.working_dir == Path("/opt/ml/code")
@@ -497,15 +493,15 @@ def test_other_user_mpi_options_keep_the_rank_hosts():
         # mpirun --tag-output's prefix: the rank, and its host where the plan knows it.
         (
             "[1,2]<stderr>:RuntimeError: failing on purpose",
-            ErrorLine("rank 2: RuntimeError: failing on purpose", "algo-3"),
+            ("rank 2: RuntimeError: failing on purpose", "algo-3"),
         ),
-        ("[12345,0]<stdout>:  ValueError: bad", ErrorLine("rank 0: ValueError: bad", "algo-1")),
+        ("[12345,0]<stdout>:  ValueError: bad", ("rank 0: ValueError: bad", "algo-1")),
         # A rank the plan does not place (the user's own options): the rank alone.
-        ("[1,7]<stderr>:Exception: x", ErrorLine("rank 7: Exception: x", None)),
+        ("[1,7]<stderr>:Exception: x", ("rank 7: Exception: x", None)),
         # mpirun's own lines have no tag.
         (
             "ORTE was unable to reliably start one or more daemons.",
-            ErrorLine("ORTE was unable to reliably start one or more daemons."),
+            ("ORTE was unable to reliably start one or more daemons.", None),
         ),
     ],
 )

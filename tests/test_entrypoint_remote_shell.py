@@ -16,27 +16,17 @@ from pathlib import Path
 
 import pytest
 
-from entrypoint import rsh_agent
 from entrypoint.coordination import MasterChannel, WorkerChannel
-from entrypoint.launchers import ChannelMpirunPart, ErrorLine
-from entrypoint.orted_command import (
+from entrypoint.mpi import rsh_agent
+from entrypoint.mpi.orted_command import (
     OrtedCommand,
     RefusedCommandError,
     hnp_addresses,
     parse_orted_command,
 )
-from entrypoint.plan import CallbackDeadline
-from entrypoint.protocol import (
-    Direction,
-    FrameReader,
-    FrameWriter,
-    ProtocolError,
-    Request,
-    derive_job_key,
-    message_from_json,
-    message_to_json,
-)
-from entrypoint.remote_shell import (
+from entrypoint.mpi.parts import MpirunPart
+from entrypoint.mpi.plan import CallbackDeadline, MpiLaunch, RemoteShell
+from entrypoint.mpi.remote_shell import (
     REMOTE_SHELL_CATALOG,
     AgentRelay,
     CalledBack,
@@ -48,8 +38,20 @@ from entrypoint.remote_shell import (
     late_daemons,
     missed_callback_message,
 )
-from entrypoint.rsh_agent import AGENT_SOCKET_ENV, NOT_RUN_EXIT_CODE, parse_agent_answer
+from entrypoint.mpi.rsh_agent import AGENT_SOCKET_ENV, NOT_RUN_EXIT_CODE, parse_agent_answer
+from entrypoint.protocol import (
+    Direction,
+    FrameReader,
+    FrameWriter,
+    ProtocolError,
+    Request,
+    derive_job_key,
+    message_from_json,
+    message_to_json,
+)
+from entrypoint.ranks import RANK_SOCKET_ENV
 from entrypoint.session import ChannelTiming
+from smcommon.failure import Failure, Reason
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -276,34 +278,52 @@ class FakeClock:
         return self.now
 
 
-def test_the_master_part_fails_naming_the_workers_not_called_back_by_the_deadline():
+def channel_mpirun_part(
+    argv: list[str], deadline: CallbackDeadline, tmp_path: Path, clock: FakeClock
+) -> tuple[MpirunPart, OrtedCallbacks]:
+    launch = MpiLaunch(
+        argv=tuple(argv),
+        env={**os.environ, RANK_SOCKET_ENV: str(tmp_path / "ranks.sock")},
+        remote_shell=RemoteShell.CHANNEL,
+        worker_hosts=deadline.hosts,
+        callback_deadline=deadline,
+    )
+    callbacks = OrtedCallbacks()
+    part = MpirunPart(launch, "algo-1", clock, callbacks)
+    part.prepare()
+    return part, callbacks
+
+
+def test_the_master_part_fails_naming_the_workers_not_called_back_by_the_deadline(tmp_path):
     clock = FakeClock()
-    heard: set[str] = set()
     deadline = CallbackDeadline(("algo-2", "algo-3"), 10.0)
-    part = ChannelMpirunPart(["sleep", "30"], dict(os.environ), deadline, lambda: heard, clock)
+    part, heard = channel_mpirun_part(["sleep", "30"], deadline, tmp_path, clock)
     part.start()
     try:
         assert part.poll() is None
-        heard.add("algo-3")
+        heard.record("algo-3")
         clock.now += 9.9
         assert part.poll() is None
         clock.now += 0.1
         assert part.poll() == 1
         assert part.poll() == 1  # stays ended, whatever arrives later
-        heard.add("algo-2")
+        heard.record("algo-2")
         assert part.poll() == 1
-        assert part.failure_detail() == ErrorLine(
-            "orted on algo-2 did not call back to mpirun within 10 s", "algo-2", explains_exit=True
+        assert part.failure(1) == Failure(
+            Reason.TRAINING_FAILED,
+            "orted on algo-2 did not call back to mpirun within 10 s",
+            "algo-2",
         )
     finally:
         part.end()
+        part.close()
 
 
-def test_the_master_part_runs_on_once_every_worker_called_back():
+def test_the_master_part_runs_on_once_every_worker_called_back(tmp_path):
     clock = FakeClock()
     deadline = CallbackDeadline(("algo-2",), 10.0)
-    part = ChannelMpirunPart(["sh", "-c", "sleep 0.5; exit 3"], dict(os.environ), deadline,
-                             lambda: {"algo-2"}, clock)  # fmt: skip
+    part, heard = channel_mpirun_part(["sh", "-c", "sleep 0.5; exit 3"], deadline, tmp_path, clock)
+    heard.record("algo-2")
     part.start()
     try:
         assert part.poll() is None
@@ -314,9 +334,12 @@ def test_the_master_part_runs_on_once_every_worker_called_back():
             time.sleep(0.05)
         # mpirun's own exit code, and no call-back failure.
         assert code == 3
-        assert part.failure_detail() is None
+        assert part.failure(3) == Failure(
+            Reason.TRAINING_FAILED, "mpirun exited with code 3", "algo-1"
+        )
     finally:
         part.end()
+        part.close()
 
 
 # --------------------------------------------------------------------------------------------
@@ -363,7 +386,7 @@ def channel_launch(tmp_path: Path, orted_path: dict[str, str], monkeypatch):
     )
     relay_dir = tmp_path / "relay"
     relay_dir.mkdir(mode=0o700)
-    relay = AgentRelay(master, relay_dir, timeout_s=20)
+    relay = AgentRelay(master.request, relay_dir, timeout_s=20)
     monkeypatch.setenv(AGENT_SOCKET_ENV, str(relay.path))
     deadline = time.monotonic() + 10
     while "algo-2" not in master.connected() and time.monotonic() < deadline:
@@ -464,11 +487,11 @@ def test_the_agent_reads_only_a_valid_answer():
 def test_the_agent_imports_nothing_but_the_standard_librarys_basics():
     """One agent per worker lives on the master for the whole job: it stays small."""
     probe = (
-        "import sys, entrypoint.rsh_agent; "
+        "import sys, entrypoint.mpi.rsh_agent; "
         "print(sorted(m for m in sys.modules if m.split('.')[0] in "
         "{'entrypoint', 'asyncio', 'psutil', 'socketserver', 'threading', 'logging'}))"
     )
     done = subprocess.run(
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=30
     )
-    assert done.stdout.strip() == "['entrypoint', 'entrypoint.rsh_agent']"
+    assert done.stdout.strip() == "['entrypoint', 'entrypoint.mpi', 'entrypoint.mpi.rsh_agent']"

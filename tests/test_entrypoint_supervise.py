@@ -17,7 +17,8 @@ import pytest
 
 from entrypoint import supervise
 from entrypoint.contract import parse_contract
-from entrypoint.launchers import KILL_WAIT_S, ErrorLine
+from entrypoint.job import VerdictRule
+from entrypoint.localpart import KILL_WAIT_S
 from entrypoint.plan import JobPlan, make_plan
 from entrypoint.protocol import Exited, Verdict
 from smcommon.failure import Failure, Reason
@@ -55,13 +56,22 @@ class FakeClock:
 
 @dataclasses.dataclass
 class FakePart:
-    """A local part whose exit code the test sets."""
+    """A local part whose exit code (and failure) the test sets; by default a per-host
+    program's part."""
 
     code: int | None = None
-    detail: ErrorLine | None = None
+    # What failure(code) answers for a non-zero code; None: the program's own wording.
+    failed: Failure | None = None
+    host: str = "algo-1"
+    verdict: VerdictRule = VerdictRule.EVERY_HOST
+    starts_on_start: bool = True
+    reports_exit: bool = True
     started: bool = False
     ended: bool = False
     sigterms: list[float] = dataclasses.field(default_factory=list)
+
+    def ready_workers(self, connected: frozenset[str], now: float) -> frozenset[str]:
+        return connected
 
     def start(self) -> None:
         self.started = True
@@ -69,14 +79,24 @@ class FakePart:
     def poll(self) -> int | None:
         return self.code
 
-    def forward_sigterm(self, grace_s: float) -> None:
+    def stop(self, grace_s: float) -> None:
         self.sigterms.append(grace_s)
 
     def end(self) -> None:
         self.ended = True
 
-    def failure_detail(self) -> ErrorLine | None:
-        return self.detail
+    def failure(self, code: int) -> Failure | None:
+        if code == 0:
+            return None
+        return self.failed or Failure(
+            Reason.TRAINING_FAILED, f"the program exited with code {code}", self.host
+        )
+
+
+def mpirun_part(**fields) -> FakePart:
+    """The master's MPI part: mpirun's exit code decides."""
+    return FakePart(verdict=VerdictRule.MASTER_PART, starts_on_start=False, reports_exit=False,
+                    **fields)  # fmt: skip
 
 
 @dataclasses.dataclass
@@ -89,12 +109,20 @@ class FakeMasterChannel:
     silent: dict[str, float] = dataclasses.field(default_factory=dict)
     unacknowledged: list[str] = dataclasses.field(default_factory=list)
     started: bool = False
+    stop_from: str | None = None
+    stops_sent: int = 0
     dropped: list[tuple[str, str]] = dataclasses.field(default_factory=list)
     verdicts: list[tuple[Verdict, float]] = dataclasses.field(default_factory=list)
     longest_silence_s: float = 0.5
 
     def connected(self) -> frozenset[str]:
         return self.connected_hosts
+
+    def stop_requested(self) -> str | None:
+        return self.stop_from
+
+    def stop_workers(self) -> None:
+        self.stops_sent += 1
 
     def lost(self) -> dict[str, str]:
         return dict(self.lost_hosts)
@@ -121,13 +149,18 @@ class FakeWorkerChannel:
     """A worker's end: the master's Start, verdict or loss are set by the test."""
 
     started: bool = False
+    stop_requested: bool = False
     verdict: Verdict | None = None
     lost: str | None = None
     sent: list[tuple[int, Failure | None]] = dataclasses.field(default_factory=list)
+    stops_sent: int = 0
     longest_silence_s: float = 0.5
 
     def send_exited(self, exit_code: int, failure: Failure | None) -> None:
         self.sent.append((exit_code, failure))
+
+    def send_stop(self) -> None:
+        self.stops_sent += 1
 
 
 def plan_for(hyperparameters: dict[str, str], current: str = "algo-1") -> JobPlan:
@@ -228,7 +261,8 @@ def test_a_worker_failing_fails_the_job_with_its_own_failure(config):
 
 def test_the_chief_ending_ends_a_parameter_server_job(config):
     channel = FakeMasterChannel(connected_hosts=frozenset({"algo-2", "algo-3"}))
-    code = supervise.run_master(plan_for(PS), FakePart(code=0), channel, config, threading.Event())
+    part = FakePart(code=0, verdict=VerdictRule.CHIEF)
+    code = supervise.run_master(plan_for(PS), part, channel, config, threading.Event())
     assert code == 0
     assert channel.verdicts[0][0] == Verdict(0)
 
@@ -282,15 +316,15 @@ def mpi_master(config, part, channel, stop=None):
 
 
 def test_mpirun_succeeding_is_the_jobs_success(config):
-    assert mpi_master(config, FakePart(code=0), FakeMasterChannel()) == Verdict(0)
+    assert mpi_master(config, mpirun_part(code=0), FakeMasterChannel()) == Verdict(0)
 
 
 def test_mpirun_failing_while_a_worker_is_silent_is_that_host_lost(config, clock):
     channel = FakeMasterChannel(silent={"algo-2": 0.2, "algo-3": 5.0})
     with pytest.raises(supervise.JobError) as error:
-        mpi_master(config, FakePart(code=1, detail=ErrorLine("orted died")), channel)
-    assert error.value.reason is Reason.HOST_LOST
-    assert error.value.message == (
+        mpi_master(config, mpirun_part(code=1), channel)
+    assert error.value.failure.reason is Reason.HOST_LOST
+    assert error.value.failure.message == (
         "host algo-3 lost during training: nothing heard for 5 s, and mpirun exited with code 1"
     )
     assert channel.dropped == [("algo-3", "nothing heard for 5 s")]
@@ -302,16 +336,19 @@ def test_mpirun_failing_when_a_host_is_lost_meanwhile_names_that_host(config, cl
     channel = FakeMasterChannel(silent={"algo-3": 5.0})
     clock.at(0.3, lambda: channel.lost_hosts.update({"algo-2": "its connection closed"}))
     with pytest.raises(supervise.JobError) as error:
-        mpi_master(config, FakePart(code=1), channel)
-    assert error.value.message == "host algo-2 lost during training: its connection closed"
+        mpi_master(config, mpirun_part(code=1), channel)
+    assert error.value.failure.message == "host algo-2 lost during training: its connection closed"
     assert channel.dropped == []
 
 
 def test_mpirun_failing_with_every_worker_heard_is_a_training_failure(config):
     channel = FakeMasterChannel(silent={"algo-2": 0.2, "algo-3": 1.0})
     with pytest.raises(supervise.JobError) as error:
-        mpi_master(config, FakePart(code=1, detail=ErrorLine("ValueError: bad")), channel)
-    assert (error.value.reason, error.value.message, error.value.exit_code) == (
+        failed = Failure(
+            Reason.TRAINING_FAILED, "mpirun exited with code 1; last error: ValueError: bad"
+        )
+        mpi_master(config, mpirun_part(code=1, failed=failed), channel)
+    assert (error.value.failure.reason, error.value.failure.message, error.value.exit_code) == (
         Reason.TRAINING_FAILED,
         "mpirun exited with code 1; last error: ValueError: bad",
         1,
@@ -323,9 +360,13 @@ def test_mpirun_failing_with_every_worker_heard_is_a_training_failure(config):
 
 def test_a_failing_rank_on_a_worker_is_that_workers_failure(config):
     channel = FakeMasterChannel(silent={"algo-2": 0.2, "algo-3": 1.0})
-    detail = ErrorLine("rank 2: ValueError: bad", "algo-3")
+    failed = Failure(
+        Reason.TRAINING_FAILED,
+        "mpirun exited with code 1; last error: rank 2: ValueError: bad",
+        "algo-3",
+    )
     with pytest.raises(supervise.JobError) as error:
-        mpi_master(config, FakePart(code=1, detail=detail), channel)
+        mpi_master(config, mpirun_part(code=1, failed=failed), channel)
     assert error.value.failure_on("algo-1").line == (
         "TrainingFailed: mpirun exited with code 1; last error: rank 2: ValueError: bad (on algo-3)"
     )
@@ -333,9 +374,11 @@ def test_a_failing_rank_on_a_worker_is_that_workers_failure(config):
 
 def test_a_part_that_ended_itself_gives_its_own_reason(config):
     channel = FakeMasterChannel(silent={"algo-2": 0.2, "algo-3": 1.0})
-    detail = ErrorLine("orted on algo-3 did not call back to mpirun within 5 s", "algo-3", True)
+    failed = Failure(
+        Reason.TRAINING_FAILED, "orted on algo-3 did not call back to mpirun within 5 s", "algo-3"
+    )
     with pytest.raises(supervise.JobError) as error:
-        mpi_master(config, FakePart(code=1, detail=detail), channel)
+        mpi_master(config, mpirun_part(code=1, failed=failed), channel)
     assert error.value.failure_on("algo-1").line == (
         "TrainingFailed: orted on algo-3 did not call back to mpirun within 5 s (on algo-3)"
     )
@@ -345,8 +388,8 @@ def test_mpirun_ending_after_a_stop_is_a_stop(config):
     stop = threading.Event()
     stop.set()
     with pytest.raises(supervise.JobError) as error:
-        mpi_master(config, FakePart(code=1), FakeMasterChannel(), stop)
-    assert (error.value.reason, error.value.exit_code) == (Reason.STOPPED, 143)
+        mpi_master(config, mpirun_part(code=1), FakeMasterChannel(), stop)
+    assert (error.value.failure.reason, error.value.exit_code) == (Reason.STOPPED, 143)
 
 
 # --------------------------------------------------------------------------------------------
@@ -364,6 +407,7 @@ def test_a_worker_starts_on_start_reports_its_exit_and_takes_the_verdict(config,
     clock.at(2.0, lambda: setattr(part, "code", 4))
     theirs = Failure(Reason.TRAINING_FAILED, "boom", "algo-3")
     clock.at(3.0, lambda: setattr(channel, "verdict", Verdict(4, theirs)))
+    part.host = "algo-2"
     code = run_worker(config, plan_for(PER_HOST, current="algo-2"), part, channel)
     assert code == 4
     assert part.started and part.ended
@@ -374,7 +418,7 @@ def test_a_worker_starts_on_start_reports_its_exit_and_takes_the_verdict(config,
 
 
 def test_an_mpi_worker_neither_starts_nor_reports_its_part(config, clock):
-    part = FakePart(code=0)  # an ended part must not be reported: mpirun knows
+    part = FakePart(code=0, starts_on_start=False, reports_exit=False)  # mpirun knows
     channel = FakeWorkerChannel(started=True)
     clock.at(1.0, lambda: setattr(channel, "verdict", Verdict(0)))
     assert run_worker(config, plan_for(SCRIPT, current="algo-2"), part, channel) == 0
@@ -412,3 +456,68 @@ def test_a_stopped_worker_does_not_start_its_part(config, clock):
     clock.at(1.0, lambda: setattr(channel, "verdict", Verdict(0)))
     assert run_worker(config, plan_for(PER_HOST, current="algo-2"), part, channel, stop) == 0
     assert not part.started
+
+
+# --------------------------------------------------------------------------------------------
+# A stop reaches every host: a worker's SIGTERM stops the job, the master's reaches the workers
+
+
+def test_the_masters_stop_is_passed_to_every_worker_once(config, clock):
+    stop = threading.Event()
+    clock.at(5.0, stop.set)
+    part = mpirun_part()
+    channel = FakeMasterChannel(connected_hosts=frozenset({"algo-2", "algo-3"}))
+    # The ranks checkpoint for 8 s, then mpirun exits 0: still a stopped job.
+    clock.at(13.0, lambda: setattr(part, "code", 0))
+    with pytest.raises(supervise.JobError) as error:
+        mpi_master(config, part, channel, stop)
+    assert (error.value.failure.reason, error.value.exit_code) == (Reason.STOPPED, 143)
+    assert part.sigterms == [GRACE_S]
+    assert channel.stops_sent == 1
+    assert clock.time == pytest.approx(13.0, abs=0.2)
+
+
+def test_a_workers_stop_stops_the_masters_ranks_and_every_other_worker(config, clock):
+    stop = threading.Event()
+    part = FakePart()
+    channel = FakeMasterChannel(connected_hosts=frozenset({"algo-2", "algo-3"}))
+    clock.at(3.0, lambda: setattr(channel, "stop_from", "algo-3"))
+    # Every host's program checkpoints, then exits (0 or 143 alike while stopping).
+    clock.at(9.0, lambda: setattr(part, "code", 0))
+    clock.at(9.5, lambda: channel.reported.update({"algo-2": Exited(143), "algo-3": Exited(0)}))
+    code = supervise.run_master(plan_for(PER_HOST), part, channel, config, stop)
+    assert code == 143
+    assert stop.is_set()
+    assert part.sigterms == [GRACE_S]
+    # The master passes the stop on (algo-2 has not heard of it otherwise).
+    assert channel.stops_sent == 1
+    assert clock.time == pytest.approx(9.5, abs=0.2)
+    assert failure_file(config) == "Stopped: stopped by SIGTERM\n"
+
+
+def test_a_worker_told_to_stop_forwards_it_and_does_not_echo_it(config, clock):
+    stop = threading.Event()
+    part = FakePart(host="algo-2")
+    channel = FakeWorkerChannel(started=True)
+    clock.at(2.0, lambda: setattr(channel, "stop_requested", True))
+    clock.at(10.0, lambda: setattr(part, "code", 0))
+    stopped = Verdict(143, Failure(Reason.STOPPED, "stopped by SIGTERM", "algo-1"))
+    clock.at(10.5, lambda: setattr(channel, "verdict", stopped))
+    code = run_worker(config, plan_for(PER_HOST, current="algo-2"), part, channel, stop)
+    assert code == 143
+    assert part.sigterms == [GRACE_S]
+    assert channel.stops_sent == 0
+    assert channel.sent == [(0, None)]
+    assert failure_file(config) == "Stopped: stopped by SIGTERM (on algo-1)\n"
+
+
+def test_a_workers_own_sigterm_is_told_to_the_master(config, clock):
+    stop = threading.Event()
+    clock.at(2.0, stop.set)
+    part = FakePart(host="algo-2", starts_on_start=False, reports_exit=False)
+    channel = FakeWorkerChannel(started=True)
+    stopped = Verdict(143, Failure(Reason.STOPPED, "stopped by SIGTERM", "algo-1"))
+    clock.at(12.0, lambda: setattr(channel, "verdict", stopped))
+    assert run_worker(config, plan_for(SCRIPT, current="algo-2"), part, channel, stop) == 143
+    assert part.sigterms == [GRACE_S]
+    assert channel.stops_sent == 1

@@ -12,12 +12,13 @@ import pytest
 
 from entrypoint.contract import Backend, ContractError, parse_contract
 from entrypoint.coordination import CHANNEL_PORT
-from entrypoint.launchers import ErrorLine, ProgramPart, TaskGroupPart
+from entrypoint.job import VerdictRule
+from entrypoint.localpart import ChildProcess
+from entrypoint.mpi.plan import MpiLaunch
+from entrypoint.parts import TaskGroupPart, local_part
 from entrypoint.plan import (
     BACKEND_ENV,
-    MpiLaunch,
     ProcessesLaunch,
-    VerdictRule,
     host_tasks,
     make_plan,
     task_environment,
@@ -176,10 +177,11 @@ def test_mwms_on_one_host_and_one_rank_are_fine():
 
 def test_strategies_need_no_ssh_and_report_exits():
     for hyperparameters in ({MWMS: "true"}, {PS: "true", "sagemaker_program": "ps.py"}):
-        launch = make_plan(parse(hyperparameters), gpu_count=0).launch
+        plan = make_plan(parse(hyperparameters), gpu_count=0)
+        launch = plan.launch
         assert isinstance(launch, ProcessesLaunch)
         assert not launch.runs_sshd
-        assert launch.worker_reports_exit
+        assert local_part(launch, is_master=True, host=plan.current_host).reports_exit
         assert all(TF_CONFIG_ENV in process.env for process in launch.processes)
     ps = make_plan(parse({PS: "true", "sagemaker_program": "ps.py"}), gpu_count=0).launch
     assert ps.verdict is VerdictRule.CHIEF
@@ -251,8 +253,8 @@ def test_chief_verdict(exits, stopping, verdict):
 # The task group (real child processes, no TensorFlow)
 
 
-def _task(code: str, name: str) -> tuple[str, ProgramPart]:
-    return name, ProgramPart([sys.executable, "-c", code], {}, None, prefix=f"[{name}] ")
+def _task(code: str, name: str) -> tuple[str, ChildProcess]:
+    return name, ChildProcess([sys.executable, "-c", code], {}, None, prefix=f"[{name}] ")
 
 
 def _wait(part: TaskGroupPart, timeout: float = 20.0) -> int:
@@ -273,11 +275,12 @@ def test_the_chief_ending_ends_the_group_and_servers_are_stopped():
         [_task("print('done')", "chief:0"), _task(SERVE_FOREVER, "worker:0"),
          _task(SERVE_FOREVER, "ps:0")],
         chief="chief:0",
+        host="algo-1",
     )  # fmt: skip
     part.start()
     try:
         assert _wait(part) == 0
-        assert part.failure_detail() is None
+        assert part.failure(0) is None
     finally:
         started = time.monotonic()
         part.end()
@@ -289,17 +292,22 @@ def test_a_task_failing_ends_the_group_and_is_named():
         [_task(SERVE_FOREVER, "worker:1"),
          _task("import sys; sys.exit('ValueError: bad ps')", "ps:1")],
         chief=None,
+        host="algo-2",
     )  # fmt: skip
     part.start()
     try:
         assert _wait(part) == 1
-        assert part.failure_detail() == ErrorLine("task ps:1: ValueError: bad ps")
+        assert part.failure(1) == Failure(
+            Reason.TRAINING_FAILED,
+            "the program exited with code 1; last error: task ps:1: ValueError: bad ps",
+            "algo-2",
+        )
     finally:
         part.end()
 
 
 def test_without_a_chief_every_task_must_end():
-    part = TaskGroupPart([_task("pass", "worker:0")], chief=None)
+    part = TaskGroupPart([_task("pass", "worker:0")], chief=None, host="algo-1")
     part.start()
     assert _wait(part) == 0
 
@@ -333,7 +341,7 @@ def test_the_entry_point_tells_the_model_its_backend():
 def test_a_task_that_ignores_sigterm_is_killed_after_a_second():
     # TensorFlow's multi-worker runtime catches SIGTERM without exiting (its preemption notifier).
     ignores = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"
-    part = TaskGroupPart([_task(ignores, "worker:0")], chief=None)
+    part = TaskGroupPart([_task(ignores, "worker:0")], chief=None, host="algo-1")
     part.start()
     time.sleep(0.5)
     started = time.monotonic()

@@ -11,7 +11,7 @@
 mpirun (OpenMPI 4.1) has no deadline for a daemon's call-back: an agent that exits 0 without
 a daemon, or an orted that never connects (or exits 0 before it does), leaves it waiting
 forever. So each worker reports its orted's call-back (`CalledBack`), and the master's part
-(launchers.ChannelMpirunPart) fails the job naming every worker not heard from within the
+(mpi.parts.MpirunPart) fails the job naming every worker not heard from within the
 deadline (`late_daemons`, `orted_callback_timeout`).
 
 The agent session lives as long as its orted, as an ssh session would without --daemonize, so an
@@ -30,21 +30,23 @@ import json
 import logging
 import os
 import shutil
+import signal
 import socketserver
 import threading
 import time
-from collections.abc import Collection, Coroutine, Iterable, Sequence
+from collections.abc import Callable, Collection, Coroutine, Iterable, Sequence
 from pathlib import Path
-from typing import Any, Protocol, Self
+from typing import Any, Self
 
 import psutil
 
-from entrypoint.orted_command import (
+from entrypoint.mpi.orted_command import (
     ORTED,
     RefusedCommandError,
     hnp_addresses,
     parse_orted_command,
 )
+from entrypoint.mpi.rsh_agent import NOT_RUN_EXIT_CODE
 from entrypoint.protocol import (
     CATALOG,
     Catalog,
@@ -55,7 +57,6 @@ from entrypoint.protocol import (
     _exit_code,
     catalog,
 )
-from entrypoint.rsh_agent import NOT_RUN_EXIT_CODE
 from entrypoint.session import Handlers, RequestFailedError, Session, SessionLostError
 
 log = logging.getLogger("entrypoint")
@@ -174,9 +175,17 @@ class OrtedSpawner:
         # master's (toolkit issue #158).
         self._env = {**(os.environ if env is None else env), "SM_CURRENT_HOST": host}
         self._spawned = False
+        # orted's pid once started: its process group (its own session) is ours to end.
+        self._orted: int | None = None
 
     def handlers(self) -> Handlers:
         return {Spawn: self.on_spawn}
+
+    def end(self) -> None:
+        """SIGKILL to orted's process group (orted and the ranks it started)."""
+        if self._orted is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self._orted, signal.SIGKILL)
 
     def on_spawn(
         self, session: Session, message: Message
@@ -218,9 +227,10 @@ class OrtedSpawner:
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
-            # Its own group: the worker's teardown kills orted's tree (launchers.OrtedPart).
+            # Its own session and group: the worker's teardown ends it (OrtedSpawner.end).
             start_new_session=True,
         )
+        self._orted = process.pid
         watch = asyncio.create_task(_report_callback(session, process.pid, hnp, started))
         tail = ""
         try:
@@ -264,7 +274,7 @@ async def _report_callback(
 
 class OrtedCallbacks:
     """The master's record of the workers whose orted called back (CalledBack), for the
-    call-back deadline (launchers.ChannelMpirunPart); its handler runs on the channel's loop."""
+    call-back deadline (mpi.parts.MpirunPart); its handler runs on the channel's loop."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -276,13 +286,16 @@ class OrtedCallbacks:
     def on_called_back(self, session: Session, message: Message) -> None:
         if not isinstance(message, CalledBack):
             raise TypeError(f"{type(message).__name__} is not a CalledBack")
-        with self._lock:
-            self._hosts.add(session.peer)
+        self.record(session.peer)
         log.info(
             "orted on %s called back to mpirun (%.2f s after it started)",
             session.peer,
             message.after_s,
         )
+
+    def record(self, host: str) -> None:
+        with self._lock:
+            self._hosts.add(host)
 
     def called_back(self) -> frozenset[str]:
         with self._lock:
@@ -303,21 +316,17 @@ def agent_answer(spawned: Spawned) -> bytes:
     return json.dumps({"exit_code": spawned.exit_code, "output": spawned.output}).encode() + b"\n"
 
 
-class _Ask(Protocol):
-    """What the relay needs of the master's channel (MasterChannel.request)."""
-
-    def request(self, host: str, message: Message, timeout_s: float) -> Message: ...
+# What the relay needs of the master's channel: ask a worker (MasterChannel.request).
+Ask = Callable[[str, Message, float], Message]
 
 
 class AgentRelay:
     """The master's end of the agent: a Unix socket only this user can reach (a 0700 dir,
     a 0600 socket), one thread per agent session, each a channel request to its host."""
 
-    def __init__(
-        self, channel: _Ask, directory: Path, timeout_s: float = ORTED_SESSION_LIMIT_S
-    ) -> None:
+    def __init__(self, ask: Ask, directory: Path, timeout_s: float = ORTED_SESSION_LIMIT_S) -> None:
         """`directory`: a fresh one only this user may enter (tempfile.mkdtemp)."""
-        self._channel = channel
+        self._ask = ask
         self._timeout_s = timeout_s
         self._dir = directory
         self.path = self._dir / "agent.sock"
@@ -343,7 +352,7 @@ class AgentRelay:
         try:
             host, words = parse_agent_request(stream.readline(_MAX_AGENT_REQUEST_BYTES))
             log.info("mpirun asks %s for orted over the channel", host)
-            answer = self._channel.request(host, Spawn(words), self._timeout_s)
+            answer = self._ask(host, Spawn(words), self._timeout_s)
             if not isinstance(answer, Spawned):
                 raise RequestFailedError(f"{type(answer).__name__} is no answer to Spawn")
         except (ValueError, SessionLostError, RequestFailedError, TimeoutError) as error:

@@ -1,0 +1,349 @@
+"""The MPI launch's parts: mpirun on the master (MpirunPart), the ranks orted starts on a worker
+(OrtedPart), with what each brings to the channel for its remote shell.
+
+What each part owns, and so what it may signal:
+- mpirun, in its own session (the master's ChildProcess): its exit code is the job's; the end
+  of the job ends its process group (mpirun, its rsh agents or ssh clients, its local ranks);
+- orted, under the channel launch, in its own session (remote_shell.OrtedSpawner): the end of
+  the job ends its group; under ssh, sshd (our child) and the sessions it started;
+- the ranks, which registered with this host's entry point (ranks.RankRegistry): a stop sends
+  SIGTERM to them and to nothing else, on every host, so the daemons (mpirun, the agents,
+  orted) stay up while the ranks checkpoint; a dead agent or orted would make mpirun end every
+  rank at once (OpenMPI 4.1, plm_rsh_module.c: a daemon that failed to start).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import re
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import psutil
+
+from entrypoint.job import VerdictRule
+from entrypoint.localpart import KILL_WAIT_S, Ask, ChildProcess, PartBase, exit_failure
+from entrypoint.mpi.plan import CallbackDeadline, MpiLaunch, RemoteShell
+from entrypoint.mpi.remote_shell import (
+    CALLBACK_MISSED_EXIT_CODE,
+    REMOTE_SHELL_CATALOG,
+    AgentRelay,
+    OrtedCallbacks,
+    OrtedSpawner,
+    late_daemons,
+    missed_callback_message,
+)
+from entrypoint.mpi.rsh_agent import AGENT_SOCKET_ENV
+from entrypoint.protocol import Catalog
+from entrypoint.ranks import RANK_SOCKET_ENV, RankRegistry
+from entrypoint.session import Handlers
+from smcommon.failure import Failure, Reason
+
+log = logging.getLogger("entrypoint")
+
+RUN_DIR = Path("/run/sm-horovod")
+SSHD = "/usr/sbin/sshd"
+# ssh readiness checks in flight at once: each costs the master an ssh process and a handshake,
+# and a worker's sshd drops unauthenticated connections beyond its MaxStartups.
+MAX_SSH_CHECKS_IN_FLIGHT = 16
+SSH_RETRY_S = 0.2
+
+# mpirun --tag-output's prefix on every line a rank prints: "[<jobid>,<rank>]<stream>:".
+_MPI_OUTPUT_TAG = re.compile(r"^\[\d+,(\d+)\]<(?:stdout|stderr|stddiag)>:\s*(.*)$")
+
+
+def mpi_rank_error(line: str, rank_hosts: Sequence[str]) -> tuple[str, str | None]:
+    """An error line mpirun printed, its tag read: 'rank R: <the line>' and the rank's host
+    where `rank_hosts` (index = rank) knows it; mpirun's own lines as they are (no host)."""
+    match = _MPI_OUTPUT_TAG.match(line)
+    if match is None:
+        return line, None
+    rank, text = int(match.group(1)), match.group(2).strip()
+    host = rank_hosts[rank] if rank < len(rank_hosts) else None
+    return f"rank {rank}: {text}", host
+
+
+# --------------------------------------------------------------------------------------------
+# ssh: sshd on every host, and the master's readiness round
+
+
+class Sshd:
+    """sshd in the foreground as our child, with this host's name for the sessions it starts:
+    ranks on a worker see their own SM_CURRENT_HOST (never the master's, toolkit issue #158)."""
+
+    def __init__(self, current_host: str) -> None:
+        RUN_DIR.mkdir(parents=True, exist_ok=True)
+        argv = [SSHD, "-D", "-e", "-o", f"SetEnv=SM_CURRENT_HOST={current_host}"]
+        log.info("starting sshd")
+        self._process = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
+
+    def end_sessions(self) -> None:
+        """SIGKILL to every session sshd started (mpirun's orted and what it runs): sshd is
+        ours, so is what runs below it."""
+        with contextlib.suppress(psutil.NoSuchProcess):
+            sessions = psutil.Process(self._process.pid).children(recursive=True)
+            for process in sessions:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    process.kill()
+            psutil.wait_procs(sessions, timeout=KILL_WAIT_S)
+
+    def stop(self) -> None:
+        self.end_sessions()
+        if self._process.poll() is None:
+            self._process.terminate()
+            try:
+                self._process.wait(KILL_WAIT_S)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait()
+
+
+def _ssh_true(host: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        ["ssh", "-o", "ConnectTimeout=5", host, "true"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+class SshChecks:
+    """`ssh HOST true` to connected workers, at most MAX_SSH_CHECKS_IN_FLIGHT at once, each
+    retried SSH_RETRY_S after a failure; `ready` holds the hosts that passed."""
+
+    def __init__(self, ssh: Callable[[str], subprocess.Popen[bytes]] = _ssh_true) -> None:
+        self.ready: set[str] = set()
+        self._ssh = ssh
+        self._running: dict[str, subprocess.Popen[bytes]] = {}
+        self._retry_at: dict[str, float] = {}
+
+    def advance(self, connected: frozenset[str], now: float) -> None:
+        for host, check in list(self._running.items()):
+            code = check.poll()
+            if code == 0:
+                self.ready.add(host)
+            if code is not None:
+                del self._running[host]
+                self._retry_at[host] = now + SSH_RETRY_S
+        for host in sorted(connected - self.ready - self._running.keys()):
+            if len(self._running) >= MAX_SSH_CHECKS_IN_FLIGHT:
+                break
+            if now >= self._retry_at.get(host, 0.0):
+                self._running[host] = self._ssh(host)
+
+    def close(self) -> None:
+        for check in self._running.values():
+            check.kill()
+            check.wait()
+        self._running.clear()
+
+
+# --------------------------------------------------------------------------------------------
+# The master: mpirun
+
+
+class MpirunPart(PartBase):
+    """The master's MPI part: mpirun, which starts every rank (orted on the workers, over ssh or
+    the channel) and whose exit code is the job's. Under the channel launch it also applies the
+    deadline mpirun lacks for its daemons' call-back (OpenMPI 4.1 waits forever for an orted
+    that never connects, or for one whose agent exited 0 without starting it): once the
+    deadline passed without a worker's report, the part has ended with
+    CALLBACK_MISSED_EXIT_CODE, naming the late hosts (the loop then ends mpirun)."""
+
+    verdict = VerdictRule.MASTER_PART
+    starts_on_start = False
+    reports_exit = False
+
+    def __init__(
+        self,
+        launch: MpiLaunch,
+        host: str,
+        clock: Callable[[], float] = time.monotonic,
+        callbacks: OrtedCallbacks | None = None,
+    ) -> None:
+        self._launch = launch
+        self._host = host
+        self._clock = clock
+        self._channel_shell = launch.remote_shell is RemoteShell.CHANNEL
+        self.catalog: Catalog = REMOTE_SHELL_CATALOG if self._channel_shell else self.catalog
+        self._env = dict(launch.env)
+        self._ranks: RankRegistry | None = None
+        self._sshd: Sshd | None = None
+        self._checks = SshChecks()
+        # The channel launch: the relay's directory, the relay, the workers' call-back reports.
+        self._relay_dir: Path | None = None
+        self._relay: AgentRelay | None = None
+        self._callbacks = callbacks or OrtedCallbacks()
+        self._child: ChildProcess | None = None
+        self._started_at: float | None = None
+        self._late: tuple[str, ...] = ()
+        self._all_in = False
+
+    def handlers(self) -> Handlers:
+        return self._callbacks.handlers() if self._channel_shell else {}
+
+    def prepare(self) -> None:
+        self._ranks = RankRegistry(self._env[RANK_SOCKET_ENV])
+        if not self._launch.worker_hosts:
+            return
+        if self._channel_shell:
+            # mpirun's rsh agent reaches the channel through this relay (remote_shell.py): a
+            # fresh directory only this user may enter.
+            self._relay_dir = Path(tempfile.mkdtemp(prefix="smh-rsh-"))
+            self._env[AGENT_SOCKET_ENV] = str(self._relay_dir / "agent.sock")
+        else:
+            # sshd first: a worker that connects to the channel is one that mpirun can reach.
+            self._sshd = Sshd(self._host)
+
+    def attach(self, ask: Ask) -> None:
+        if self._relay_dir is not None:
+            self._relay = AgentRelay(ask, self._relay_dir)
+
+    def ready_workers(self, connected: frozenset[str], now: float) -> frozenset[str]:
+        if self._channel_shell:
+            return connected
+        self._checks.advance(connected, now)
+        return frozenset(self._checks.ready)
+
+    def start(self) -> None:
+        self._checks.close()
+        self._child = ChildProcess(self._launch.argv, self._env, None)
+        self._child.start()
+        self._started_at = self._clock()
+
+    def poll(self) -> int | None:
+        if self._child is None:
+            return None
+        code = self._child.poll()
+        deadline = self._launch.callback_deadline
+        if code is not None or deadline is None or self._started_at is None:
+            return code
+        return self._callback_deadline(deadline)
+
+    def _callback_deadline(self, deadline: CallbackDeadline) -> int | None:
+        if self._late:
+            return CALLBACK_MISSED_EXIT_CODE
+        if self._all_in:
+            return None
+        elapsed = self._clock() - (self._started_at or 0.0)
+        called_back = self._callbacks.called_back()
+        self._late = late_daemons(deadline.hosts, called_back, elapsed, deadline.timeout_s)
+        if self._late:
+            log.error("%s", missed_callback_message(self._late, deadline.timeout_s))
+            return CALLBACK_MISSED_EXIT_CODE
+        if set(deadline.hosts) <= called_back:
+            self._all_in = True
+            log.info("every worker's orted called back %.2f s after mpirun started", elapsed)
+        return None
+
+    def stop(self, grace_s: float) -> None:
+        count = self._ranks.send(signal.SIGTERM) if self._ranks is not None else 0
+        log.info(
+            "SIGTERM: forwarded to the %d local ranks (mpirun and its daemons stay up); "
+            "%.0f s to checkpoint and exit",
+            count,
+            grace_s,
+        )
+
+    def end(self) -> None:
+        if self._child is not None:
+            self._child.end()
+        if self._ranks is not None:
+            self._ranks.kill()
+
+    def failure(self, code: int) -> Failure | None:
+        if code == 0:
+            return None
+        deadline = self._launch.callback_deadline
+        if self._late and deadline is not None:
+            # The whole reason: mpirun did not exit, this part ended it (on the first late host).
+            message = missed_callback_message(self._late, deadline.timeout_s)
+            return Failure(Reason.TRAINING_FAILED, message, self._late[0])
+        line = self._child.error_line() if self._child is not None else None
+        error, host = mpi_rank_error(line, self._launch.rank_hosts) if line else (None, None)
+        return exit_failure(f"mpirun exited with code {code}", error, host or self._host)
+
+    def close(self) -> None:
+        self._checks.close()
+        if self._relay is not None:
+            self._relay.close()
+        elif self._relay_dir is not None:
+            with contextlib.suppress(OSError):
+                self._relay_dir.rmdir()
+        if self._sshd is not None:
+            self._sshd.stop()
+        if self._ranks is not None:
+            self._ranks.close()
+
+
+# --------------------------------------------------------------------------------------------
+# A worker: the ranks orted starts
+
+
+class OrtedPart(PartBase):
+    """A worker's MPI part: nothing to start (mpirun's orted arrives over ssh or the channel),
+    nothing to report (mpirun knows). A stop signals the ranks that registered here; the end
+    kills them and orted (its group under the channel launch; sshd's sessions under ssh)."""
+
+    verdict = VerdictRule.MASTER_PART
+    starts_on_start = False
+    reports_exit = False
+
+    def __init__(self, launch: MpiLaunch, host: str) -> None:
+        self._launch = launch
+        self._host = host
+        self._channel_shell = launch.remote_shell is RemoteShell.CHANNEL
+        self.catalog: Catalog = REMOTE_SHELL_CATALOG if self._channel_shell else self.catalog
+        self._spawner = OrtedSpawner(host) if self._channel_shell else None
+        self._ranks: RankRegistry | None = None
+        self._sshd: Sshd | None = None
+
+    def handlers(self) -> Handlers:
+        return self._spawner.handlers() if self._spawner is not None else {}
+
+    def prepare(self) -> None:
+        self._ranks = RankRegistry(self._launch.env[RANK_SOCKET_ENV])
+        if not self._channel_shell:
+            self._sshd = Sshd(self._host)
+
+    def start(self) -> None:
+        pass
+
+    def poll(self) -> int | None:
+        return None
+
+    def stop(self, grace_s: float) -> None:
+        count = self._ranks.send(signal.SIGTERM) if self._ranks is not None else 0
+        log.info(
+            "SIGTERM: forwarded to the %d local ranks (orted stays up); %.0f s to checkpoint "
+            "and exit",
+            count,
+            grace_s,
+        )
+
+    def end(self) -> None:
+        if self._ranks is not None:
+            self._ranks.kill()
+        if self._spawner is not None:
+            self._spawner.end()
+        if self._sshd is not None:
+            self._sshd.end_sessions()
+
+    def failure(self, code: int) -> Failure | None:
+        return None
+
+    def close(self) -> None:
+        if self._sshd is not None:
+            self._sshd.stop()
+        if self._ranks is not None:
+            self._ranks.close()
+
+
+def mpi_part(launch: MpiLaunch, *, is_master: bool, host: str) -> MpirunPart | OrtedPart:
+    """This host's part of an MPI launch."""
+    return MpirunPart(launch, host) if is_master else OrtedPart(launch, host)

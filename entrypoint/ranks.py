@@ -1,0 +1,161 @@
+"""The ranks this host runs, as they told us (rank_shim.py): the only processes a stop signals.
+
+mpirun, orted and torchrun start the ranks; the entry point owns those daemons (it started them,
+or was asked over the channel to start them) but not what they start. So each rank registers
+before its program starts: it connects to this host's registry, whose kernel names the
+connecting process (SO_PEERCRED), and the registry holds a pidfd for it, so a signal can only
+reach that process, never a later one that reused its pid. A stop then sends SIGTERM to the
+ranks and to nothing else (the daemons stay up: a dead rsh agent or orted is, to mpirun, a
+failed daemon that ends every rank at once); a rank that registers after the stop gets it at
+once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+import select
+import signal
+import socket
+import socketserver
+import struct
+import threading
+from pathlib import Path
+
+import psutil
+
+from entrypoint.rank_shim import RANK_SOCKET_ENV, REGISTERED
+
+log = logging.getLogger("entrypoint")
+
+__all__ = ["RANK_SHIM", "RANK_SOCKET_ENV", "RANK_SOCKET_PATH", "OwnedProcess", "RankRegistry"]
+
+# The shim the launches start each rank through (installed on PATH in the images).
+RANK_SHIM = "sm-horovod-rank"
+# Every host's registry listens here (one path, so mpirun can forward it to every rank by name).
+RANK_SOCKET_PATH = "/run/sm-horovod/ranks.sock"
+_PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+
+
+@dataclasses.dataclass
+class OwnedProcess:
+    """A process we may signal: its pid, and a pidfd where the kernel gives one (Linux 5.3+;
+    a seccomp profile may refuse it), which stays bound to this very process."""
+
+    pid: int
+    pidfd: int | None
+
+    @classmethod
+    def of(cls, pid: int) -> OwnedProcess:
+        try:
+            return cls(pid, os.pidfd_open(pid))
+        except OSError:
+            return cls(pid, None)
+
+    def send(self, signum: int) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            if self.pidfd is not None:
+                signal.pidfd_send_signal(self.pidfd, signum)
+            else:
+                os.kill(self.pid, signum)
+
+    def exited(self) -> bool:
+        """Whether the process has ended (a zombie its parent did not reap yet counts)."""
+        if self.pidfd is not None:
+            poller = select.poll()
+            poller.register(self.pidfd, select.POLLIN)
+            return bool(poller.poll(0))
+        try:
+            return psutil.Process(self.pid).status() in (
+                psutil.STATUS_ZOMBIE,
+                psutil.STATUS_DEAD,
+            )
+        except psutil.NoSuchProcess:
+            return True
+
+    def close(self) -> None:
+        if self.pidfd is not None:
+            os.close(self.pidfd)
+            self.pidfd = None
+
+
+class RankRegistry:
+    """This host's ranks, registered over a Unix socket only this user can reach."""
+
+    def __init__(self, path: str | Path = RANK_SOCKET_PATH) -> None:
+        self.path = Path(path)
+        self._lock = threading.Lock()
+        self._ranks: list[OwnedProcess] = []
+        # The signal every rank has been sent (a stop), also sent to later arrivals.
+        self._sent: int | None = None
+        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()
+        registry = self
+
+        class Handler(socketserver.BaseRequestHandler):
+            def handle(self) -> None:
+                registry._register(self.request)
+
+        previous = os.umask(0o177)
+        try:
+            self._server = socketserver.ThreadingUnixStreamServer(str(self.path), Handler)
+        finally:
+            os.umask(previous)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, name="ranks", daemon=True
+        )
+        self._thread.start()
+
+    def _register(self, connection: socket.socket) -> None:
+        pid, _uid, _gid = _PEERCRED.unpack(
+            connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
+        )
+        rank = OwnedProcess.of(pid)
+        with self._lock:
+            self._ranks.append(rank)
+            sent = self._sent
+            count = len(self._ranks)
+        log.info("rank process %d registered (%d on this host)", pid, count)
+        connection.sendall(REGISTERED)
+        if sent is not None:
+            # It started after the stop: it gets the signal the others got.
+            rank.send(sent)
+
+    @property
+    def pids(self) -> list[int]:
+        with self._lock:
+            return [rank.pid for rank in self._ranks]
+
+    def send(self, signum: int) -> int:
+        """Signal every rank (and every later one); returns how many were live."""
+        with self._lock:
+            self._sent = signum
+            live = [rank for rank in self._ranks if not rank.exited()]
+        for rank in live:
+            rank.send(signum)
+        return len(live)
+
+    def live(self) -> int:
+        """How many registered ranks have not ended yet."""
+        with self._lock:
+            return sum(1 for rank in self._ranks if not rank.exited())
+
+    def kill(self) -> None:
+        """SIGKILL to every rank still alive (the teardown after the grace)."""
+        with self._lock:
+            live = [rank for rank in self._ranks if not rank.exited()]
+        for rank in live:
+            rank.send(signal.SIGKILL)
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        with contextlib.suppress(OSError):
+            self.path.unlink()
+        with self._lock:
+            for rank in self._ranks:
+                rank.close()
