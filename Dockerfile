@@ -342,7 +342,7 @@ RUN set -eux; \
     { sm-horovod-rank 2>/dev/null || [ $? -eq 127 ]; }; \
     [ "$(sm-horovod-rank echo ok)" = ok ]; \
     grep -q 'entrypoint.main' "$(command -v train)"; \
-    python -c 'import entrypoint.main'; \
+    python -c 'import entrypoint.main as m; assert m.registered_checks() == {}, m.registered_checks()'; \
 # Every rank mpirun starts gets torch's env:// variables (RANK, LOCAL_RANK, WORLD_SIZE,
 # MASTER_ADDR, ...) from OpenMPI's, as AWS's smddprun gives them (smdistributed/dataparallel/
 # torch/launch_env.py); the `smddp` backend registers and joins a world of one.

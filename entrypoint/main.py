@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.metadata
+import importlib.util
 import logging
 import os
 import sys
@@ -61,7 +62,13 @@ ProgramCheck = Callable[[Mapping[str, str], Mapping[str, str]], str | None]
 def registered_checks(group: str = PROGRAM_CHECKS_GROUP) -> dict[str, ProgramCheck]:
     """The program checks this image's packages register (pyproject.toml's entry points): the
     built-in model's and tf_s3's in the TensorFlow images, none in the torch images."""
-    return {entry.name: entry.load() for entry in importlib.metadata.entry_points(group=group)}
+    # The torch image installs this same distribution without model/ and tf_s3/: their entry
+    # points are registered but name packages it lacks, so those are skipped, never loaded.
+    return {
+        entry.name: entry.load()
+        for entry in importlib.metadata.entry_points(group=group)
+        if importlib.util.find_spec(entry.module.split(".")[0]) is not None
+    }
 
 
 def run_program_checks(
