@@ -88,7 +88,10 @@ def test_smddp_script_trains_on_two_hosts_through_the_sdk(  # noqa: PLR0917 - fi
     masters = set(re.findall(r"master=(\S+)", logs))
     assert len(masters) == 1 and masters.pop().startswith("algo-1"), logs[-3000:]
     expected_option = "honoured" if distribution and "smdistributed" in distribution else "-"
-    assert set(re.findall(r"option=(honoured|-)", logs)) == {expected_option}, logs[-3000:]
+    # (mpirun may split a rank's line where another's interleaves: look for the values only.)
+    other_option = "-" if expected_option == "honoured" else "honoured"
+    assert f"option={expected_option}" in logs, logs[-3000:]
+    assert f"option={other_option}" not in logs, logs[-3000:]
     # The user's options come after ours, where AWS's toolkit puts them.
     assert ("-x SMDDP_TEST_OPTION=honoured" in mpirun.group(0)) == (expected_option != "-")
     accuracies = [float(value) for value in re.findall(r"test_accuracy=([0-9.]+)", logs)]
