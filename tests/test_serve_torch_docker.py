@@ -202,7 +202,7 @@ def npy(array: np.ndarray) -> bytes:
 
 def test_json_csv_and_npy_in_and_out(server: ServeContainer, models: tuple[Path, list]):
     expected = np.array(models[1])
-    assert "serving a PyTorch model (good) from /opt/ml/model on port 8080" in server.logs()
+    assert "serving a PyTorch model from /opt/ml/model on port 8080" in server.logs()
     status, headers, body = post(server, json.dumps(ROWS).encode(), "application/json")
     assert (status, headers["content-type"]) == (200, "application/json"), body
     np.testing.assert_allclose(json.loads(body), expected, rtol=1e-6)
