@@ -208,7 +208,7 @@ def test_json_csv_and_npy_in_and_out(server: ServeContainer, models: tuple[Path,
     np.testing.assert_allclose(json.loads(body), expected, rtol=1e-6)
     csv = b"1,2,3,4\n0,-1,0.5,2\n"
     status, headers, body = post(server, csv, "text/csv", {"Accept": "text/csv"})
-    assert (status, headers["content-type"]) == (200, "text/csv"), body
+    assert (status, headers["content-type"]) == (200, "text/csv; charset=utf-8"), body
     np.testing.assert_allclose(np.loadtxt(io.BytesIO(body), delimiter=","), expected, rtol=1e-6)
     array = np.array(ROWS, dtype=np.float32)
     status, headers, body = post(
