@@ -133,6 +133,8 @@ class TorchRunner:
     output_fn: Callable[..., Any]
     transform_fn: Callable[..., Any] | None
     with_context: frozenset[str]
+    # The user's script (code/inference.py, or SAGEMAKER_PROGRAM), for the log.
+    script: str = "code/inference.py"
 
     def _call(self, name: str, function: Callable[..., Any], *args: Any) -> Any:
         if name in self.with_context:
@@ -210,6 +212,7 @@ def load_runner(model_dir: Path, script: Path, model_name: str = "model") -> Tor
         output_fn=user.get("output_fn", default_output_fn),
         transform_fn=user.get("transform_fn"),
         with_context=with_context,
+        script=script.name,
     )
 
 
@@ -233,7 +236,7 @@ class PytorchRunner:
             for name in torch_io.HOOK_NAMES
             if getattr(self.loaded, name, None) not in (None, *_DEFAULTS)
         )
-        described = f"code/inference.py {', '.join(hooks_used)}" if hooks_used else "defaults"
+        described = f"{self.loaded.script} {', '.join(hooks_used)}" if hooks_used else "defaults"
         return f"PyTorch on {device()} ({described})"
 
     def start(self) -> None:

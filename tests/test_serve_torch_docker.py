@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
 import subprocess
 import tarfile
 from collections.abc import Iterator
@@ -86,23 +87,29 @@ def test_sdk_trains_on_two_hosts_deploys_and_predicts(
             distribution={"torch_distributed": {"enabled": True}},
             hyperparameters={"epochs": 2},
             output_path=f"file://{output}",
+            code_location=CODE_LOCATION,
             sagemaker_session=session,
             **FRAMEWORK,
         )
         estimator.fit(
             {"training": f"file://{digits_dir['train']}", "test": f"file://{digits_dir['test']}"}
         )
+        # In local mode the SDK repacks a file:// model.tar.gz in place with the deploy's code:
+        # each deploy below gets its own copy of what training wrote.
+        trained = next(output.rglob("model.tar.gz"))
+        copies = {name: tmp_path / f"{name}.tar.gz" for name in ("custom", "bare", "direct")}
+        for copy in copies.values():
+            shutil.copyfile(trained, copy)
         # 1. What AWS's tutorials do next: deploy the estimator (its script's model_fn) on the
         # same image and predict a numpy array (.npy in, .npy out).
-        predictor = estimator.deploy(1, "local", code_location=CODE_LOCATION)
+        predictor = estimator.deploy(1, "local")
         try:
             served = predictor.predict(images)
         finally:
             predictor.delete_endpoint()
-        model_tar = next(output.rglob("model.tar.gz"))
         # 2. A custom inference.py, JSON in and out, on the same model.
         custom = PyTorchModel(
-            model_data=f"file://{model_tar}",
+            model_data=f"file://{copies['custom']}",
             image_uri=torch_image_name(),
             role=FAKE_ROLE,
             entry_point="inference.py",
@@ -121,7 +128,7 @@ def test_sdk_trains_on_two_hosts_deploys_and_predicts(
         # 3. No code at all: the default model_fn loads model.pt (TorchScript).
         bare = Model(
             image_uri=torch_image_name(),
-            model_data=f"file://{model_tar}",
+            model_data=f"file://{copies['bare']}",
             role=FAKE_ROLE,
             predictor_cls=PyTorchPredictor,
             sagemaker_session=session,
@@ -135,7 +142,7 @@ def test_sdk_trains_on_two_hosts_deploys_and_predicts(
 
     work = tmp_path / "direct"
     (work / "model").mkdir(parents=True)
-    with tarfile.open(model_tar) as archive:
+    with tarfile.open(copies["direct"]) as archive:
         archive.extractall(work / "model", filter="data")
     assert {"model.pth", "model.pt", "classes.json"} <= {p.name for p in (work / "model").iterdir()}
     np.save(work / "images.npy", images)

@@ -20,7 +20,10 @@ def model_fn(model_dir, context):
 def input_fn(body, content_type):
     if content_type != JSON:
         raise ValueError(f"this model takes {JSON}, not {content_type}")
-    return torch.tensor(json.loads(body)["instances"], dtype=torch.float32)
+    document = json.loads(body)
+    # {"instances": [...]}, or the instances' list alone (SageMaker's JSON request rule)
+    instances = document["instances"] if isinstance(document, dict) else document
+    return torch.tensor(instances, dtype=torch.float32)
 
 
 def predict_fn(data, model):
