@@ -94,11 +94,13 @@ def test_sdk_trains_on_two_hosts_deploys_and_predicts(
         estimator.fit(
             {"training": f"file://{digits_dir['train']}", "test": f"file://{digits_dir['test']}"}
         )
-        # In local mode the SDK repacks a file:// model.tar.gz in place with the deploy's code:
-        # each deploy below gets its own copy of what training wrote.
+        # In local mode the SDK repacks a file:// model.tar.gz in place with the deploy's code,
+        # and unpacks it beside itself to serve it: each deploy below gets its own copy of what
+        # training wrote, in a folder of its own.
         trained = next(output.rglob("model.tar.gz"))
-        copies = {name: tmp_path / f"{name}.tar.gz" for name in ("custom", "bare", "direct")}
+        copies = {name: tmp_path / name / "model.tar.gz" for name in ("custom", "bare", "direct")}
         for copy in copies.values():
+            copy.parent.mkdir()
             shutil.copyfile(trained, copy)
         # 1. What AWS's tutorials do next: deploy the estimator (its script's model_fn) on the
         # same image and predict a numpy array (.npy in, .npy out).
