@@ -5,6 +5,7 @@ predictions -> response bodies), `batching` (which queued requests share one mod
 `errors` (the one error type, carrying an HTTP status).
 Shell: `model` (load + warm up), `batcher` (the asyncio loop around one model), `runner` (the
 Runner interface: what answers a model's requests, chosen once at load) and `tf_runner` (the
-SavedModel runners: TF Serving, the built-in classifier, code/inference.py hooks), `app`
-(Starlette routes shared by every runner), `main` (logging, uvicorn).
+SavedModel runners: TF Serving, the built-in classifier, code/inference.py hooks),
+`multimodel` (SageMaker's /models API: one runner per loaded model), `app` (Starlette routes
+shared by every runner), `main` (logging, uvicorn).
 """

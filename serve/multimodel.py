@@ -120,7 +120,6 @@ def folder_bytes(folder: Path) -> int:
 class Entry:
     runner: Runner
     url: str
-    loaded_at: float
 
 
 class ModelManager:
@@ -183,7 +182,7 @@ class ModelManager:
         finally:
             self.loading.discard(name)
         runner.start()
-        self.entries[name] = Entry(runner, url, time.time())
+        self.entries[name] = Entry(runner, url)
         versions = ", ".join(str(v) for v in runner.models[0].versions)
         log.info(
             "model %s loaded from %s in %.1f s (version%s %s; %s)",

@@ -23,7 +23,7 @@ import numpy as np
 
 from serve import codec, hooks, tfs
 from serve.batcher import Batcher
-from serve.batching import Piece, cut_rows, join_rows
+from serve.batching import Piece, cut_rows, join_rows, rows_per_call
 from serve.errors import JSON, ServeError, error_body, media_type
 from serve.model import Model, Registry, Version, load_registry, scan, serialize_examples
 from serve.runner import CUSTOM_ATTRIBUTES, Incoming, ModelInfo, Outgoing, Runner, off_loop
@@ -155,7 +155,11 @@ class TensorflowRunner:
             )
             key = ("rows", model.name, version.number, request.signature_name, shapes)
             # A request larger than one model call is cut into model-sized runs.
-            runs = cut_rows(request.inputs, self.settings.max_batch_size)
+            if request.rows > self.settings.max_batch_size:
+                size = rows_per_call(request.inputs, self.settings.max_batch_size)
+                runs = cut_rows(request.inputs, size)
+            else:
+                runs = [request.inputs]
             results = await self._wait([Piece(key, len(next(iter(r.values()))), r) for r in runs])
             try:
                 outputs = join_rows(results)

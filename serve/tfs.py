@@ -363,6 +363,25 @@ def _add_item(
     previous.append(tensor)
 
 
+def _scalar_rows(instances: list[Any], dtype: str) -> np.ndarray | None:
+    """The common large case (one CSV column, a list of numbers) in one numpy call: every row a
+    JSON number a float input takes exactly. None when any row is not: the general path then
+    checks each one and names the first that fails."""
+    if dtype not in _FLOAT_EXACT:
+        return None
+    kinds = {type(value) for value in instances}
+    if not kinds <= {float, int}:
+        return None
+    array = np.array(instances, dtype=np.float64)
+    exact, highest = _FLOAT_EXACT[dtype]
+    if int in kinds and np.abs(array[[type(v) is int for v in instances]]).max() > exact:
+        return None
+    finite = array[np.isfinite(array)]
+    if highest is not None and finite.size and np.abs(finite).max() > highest:
+        return None
+    return array.astype(dtype)
+
+
 def tensors_from_instances(
     instances: list[Any], inputs: Mapping[str, TensorSpec]
 ) -> dict[str, np.ndarray]:
@@ -374,6 +393,9 @@ def tensors_from_instances(
             "instances is a plain list, but expecting list of objects as multiple input "
             "tensors required as per tensorinfo_map"
         )
+    fast = _scalar_rows(instances, inputs[names[0]].dtype) if len(names) == 1 else None
+    if fast is not None:
+        return {names[0]: fast}
     objects = _is_element_object(instances[0])
     items: dict[str, list[np.ndarray]] = {}
     for count, element in enumerate(instances):

@@ -445,7 +445,9 @@ def test_multi_model_endpoint(tmp_path: Path, docker: str, image: str) -> None:
         assert models_call(
             container, "POST", "/models", {"model_name": "half", "url": "/opt/ml/models/half"}
         ) == (409, {"error": "Model half is already loaded."})
-        status, _, content = post(container, b"1.0,2.0,5.0", "text/csv", path=invoke.format("half"))
+        status, _, content = post(
+            container, b"1.0\n2.0\n5.0", "text/csv", path=invoke.format("half")
+        )
         assert (status, content) == (200, b'{"predictions": [3.5, 4.0, 5.5]}')
         status, _, content = post(
             container,
@@ -457,7 +459,9 @@ def test_multi_model_endpoint(tmp_path: Path, docker: str, image: str) -> None:
         assert status == 200 and len(json.loads(content)["predictions"][0]) == 3
         status, _, content = post(container, b"raise", JSON, path=invoke.format("hooked"))
         assert (status, json.loads(content)) == (500, {"error": "input_handler refused it"})
-        status, _, content = post(container, b"[1.0]", JSON, path=invoke.format("hooked"))
+        status, _, content = post(
+            container, b'{"instances": [1.0]}', JSON, path=invoke.format("hooked")
+        )
         assert (status, content) == (200, b'{"predictions": [3.5]}')
         missing = {"model_name": "nope", "url": "/opt/ml/models/nope"}
         assert models_call(container, "POST", "/models", missing) == (

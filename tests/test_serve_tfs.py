@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -21,7 +22,7 @@ import numpy as np
 import pytest
 from starlette.testclient import TestClient
 
-from serve import hooks, page, tfs
+from serve import batching, hooks, page, tfs
 from serve.app import create_app
 from serve.batcher import Batcher, OverloadedError
 from serve.batching import Piece, run_merged
@@ -817,7 +818,22 @@ def test_one_large_request_alone_is_served_in_model_sized_calls() -> None:
         assert answer.status_code == 200, answer.text[:200]
         predictions = answer.json()["predictions"]
     assert predictions == [(i % 7) * 0.5 + 3 for i in range(rows)]
-    assert sum(calls.sizes) == rows and max(calls.sizes) == 32
+    # float32 scalars: 4 bytes a row, so a call takes CALL_INPUT_BYTES of them, not 32.
+    assert calls.sizes == [rows]
+
+
+def test_rows_per_call_is_the_batch_size_or_a_megabyte_of_small_rows() -> None:
+    assert batching.rows_per_call({"x": np.zeros((10, 1), np.float32)}, 32) == (1 << 20) // 4
+    images = {"x": np.zeros((10, 224, 224, 3), np.float32)}
+    assert batching.rows_per_call(images, 32) == 32
+    strings = {"s": np.array([b"a"], dtype=object)}
+    assert batching.rows_per_call(strings, 32) == 1 << 20
+    runs = batching.cut_rows({"x": np.arange(10)}, 4)
+    assert [r["x"].tolist() for r in runs] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    joined = batching.join_rows([{"y": np.array([1, 2])}, {"y": np.array([3])}])
+    assert joined["y"].tolist() == [1, 2, 3]
+    with pytest.raises(ValueError, match="output 'y' is not one row per input row"):
+        batching.join_rows([{"y": np.array(1, np.float32)}, {"y": np.array(2, np.float32)}])
 
 
 def test_the_queue_bound_refuses_only_work_behind_other_work() -> None:
@@ -878,3 +894,18 @@ def test_code_lib_means_no_pip_run(tmp_path: Path, caplog: pytest.LogCaptureFixt
     with caplog.at_level(logging.INFO):
         hooks.install_requirements(tmp_path)  # pip would fail: it must not run
     assert "code/requirements.txt skipped: code/lib is present" in caplog.text
+
+
+def test_scalar_rows_take_the_fast_path_with_the_same_rules() -> None:
+    x = {"x": tfs.TensorSpec("float32", (None,))}
+    fast = tfs.tensors_from_instances([1, 2.5, float("nan")], x)["x"]
+    assert fast.dtype == np.float32 and fast[:2].tolist() == [1.0, 2.5] and np.isnan(fast[2])
+    for rows, message in [
+        ([1.0, True], "Failed to process element: 1 of 'instances' list. Error: Invalid argument"),
+        ([1.0, 2**24], "Cannot convert JSON value: 16777216 to float without loss of precision"),
+        ([1.0, 1e39], "Cannot convert JSON value: 1e+39 to float without loss of precision"),
+    ]:
+        with pytest.raises(ServeError, match=re.escape(message)):
+            tfs.tensors_from_instances(rows, x)
+    ints = tfs.tensors_from_instances([1, 2], {"x": tfs.TensorSpec("int64", (None,))})["x"]
+    assert ints.dtype == np.int64 and ints.tolist() == [1, 2]
