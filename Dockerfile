@@ -241,8 +241,8 @@ CMD []
 
 ################################################################################################
 # The PyTorch image (FLAVOR=torch for GPU, FLAVOR=torch-cpu): the same `os` stage, entry point
-# and contract, with torch instead of TensorFlow; no Horovod, no built-in model, no `serve`
-# (docs/torch.md says why and what each flavor holds).
+# and contract, with torch instead of TensorFlow; no Horovod, no built-in model; `serve` runs
+# SageMaker's PyTorch inference contract (docs/torch.md says why and what each flavor holds).
 
 FROM os AS torch-pydeps-install
 ARG FLAVOR
@@ -307,6 +307,15 @@ RUN --mount=type=bind,from=torch-build,source=/wheels,target=/wheels \
     fi; \
     OMP_NUM_THREADS=1 torchrun --standalone --nproc-per-node 2 /tmp/torch_check.py
 
+# `serve`'s server, as in the TensorFlow images (docker/requirements.txt says why these), at the
+# same pins; a layer of its own, so that the torch layers above stay cached.
+RUN --mount=type=cache,target=/root/.cache/pip \
+    --mount=type=secret,id=ca,target=/etc/ssl/certs/ca-certificates.crt \
+    set -eux; \
+    export PIP_CERT=/etc/ssl/certs/ca-certificates.crt; \
+    pip install -c /opt/requirements/constraints.txt starlette uvicorn uvloop httptools; \
+    python -c 'import starlette, uvicorn, uvloop, httptools'
+
 COPY docker/docker-entrypoint.sh /usr/local/bin/docker-entrypoint.sh
 
 # This repository's code, last: no TensorFlow code (the built-in model and tf_s3, whose program
@@ -333,13 +342,26 @@ RUN set -eux; \
     { sm-horovod-rank 2>/dev/null || [ $? -eq 127 ]; }; \
     [ "$(sm-horovod-rank echo ok)" = ok ]; \
     grep -q 'entrypoint.main' "$(command -v train)"; \
-    python -c 'import entrypoint.main'; \
+    python -c 'import entrypoint.main as m; assert m.registered_checks() == {}, m.registered_checks()'; \
+# Every rank mpirun starts gets torch's env:// variables (RANK, LOCAL_RANK, WORLD_SIZE,
+# MASTER_ADDR, ...) from OpenMPI's, as AWS's smddprun gives them (smdistributed/dataparallel/
+# torch/launch_env.py); the `smddp` backend registers and joins a world of one.
+    echo 'import smdistributed.dataparallel.torch.launch_env as m; m.install_under_mpi()' \
+        > "$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/sm-horovod-smddp-env.pth"; \
+    OMPI_COMM_WORLD_RANK=0 OMPI_COMM_WORLD_SIZE=1 python -c 'import os; assert os.environ["RANK"] == "0", os.environ'; \
+    python -c 'import smdistributed.dataparallel.torch.torch_smddp, torch.distributed as d; d.init_process_group(backend="smddp"); assert d.get_backend() == "smddp"; d.destroy_process_group()'; \
+# `serve` runs the PyTorch runner here and never imports TensorFlow (there is none).
+    [ "$(command -v serve)" = /opt/venv/bin/serve ]; \
+    SM_IMAGE_FLAVOR=${FLAVOR} python -c 'import sys, serve.app, serve.torch_runner; assert "tensorflow" not in sys.modules'; \
 # sshd (mpirun between hosts) must accept its configuration; a throwaway host key proves it.
     ssh-keygen -q -t ed25519 -N '' -f /tmp/check_host_key; \
     /usr/sbin/sshd -t -o HostKey=/tmp/check_host_key; \
     rm -f /tmp/check_host_key /tmp/check_host_key.pub
 
 ENV SM_IMAGE_FLAVOR=${FLAVOR}
+# `docker run IMAGE serve`: as in the TensorFlow images (SAGEMAKER_BIND_TO_PORT, else 8080).
+LABEL com.amazonaws.sagemaker.capabilities.accept-bind-to-port=true
+EXPOSE 8080
 WORKDIR /opt/ml
 ENTRYPOINT ["/usr/bin/tini", "--", "/usr/local/bin/docker-entrypoint.sh"]
 CMD []

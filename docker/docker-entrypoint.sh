@@ -25,13 +25,4 @@ USAGE
     exit 64 # EX_USAGE
 fi
 
-# `serve` loads the built-in TensorFlow model's SavedModels: there is no TensorFlow to run them in
-# the torch image.
-case "${SM_IMAGE_FLAVOR:-}:$1" in
-    torch*:serve)
-        echo "serve: not in the torch image (it serves the TensorFlow images' SavedModels)" >&2
-        exit 1
-        ;;
-esac
-
 exec "$@"

@@ -74,12 +74,6 @@ MODEL_DIR_PARAM = names.MODEL_DIR_PARAM
 # Each fails the job before anything starts, never a silent fallback to mpirun.
 _USE_MPI = "use distribution={'mpi': {'enabled': True}} with a Horovod script"
 UNSUPPORTED_DISTRIBUTIONS: Mapping[str, str] = {
-    # The SDK's pytorchddp turns on SageMaker's data-parallel library (smddp), in AWS's images only.
-    "sagemaker_pytorch_ddp_enabled": (
-        "pytorchddp is SageMaker's data-parallel library (smdistributed), only in AWS's own "
-        "images: use distribution={'torch_distributed': {'enabled': True}} (torchrun) with the "
-        "torch image"
-    ),
     params.PYTORCH_XLA_MULTI_WORKER_ENABLED: (
         f"pytorchxla needs PyTorch/XLA, which this TensorFlow image lacks: {_USE_MPI}"
     ),
@@ -89,6 +83,11 @@ UNSUPPORTED_DISTRIBUTIONS: Mapping[str, str] = {
 # smdistributed.dataparallel.tensorflow maps that API onto Horovod).
 SMDDP_ENABLED_PARAM = "sagemaker_distributed_dataparallel_enabled"
 SMDDP_CUSTOM_OPTIONS_PARAM = "sagemaker_distributed_dataparallel_custom_mpi_options"
+# distribution={"pytorchddp": {"enabled": True}} as SDKs before 2.221 send it (later ones send
+# the smdistributed parameters above); AWS's PyTorch toolkit runs it with the same data-parallel
+# runner (sagemaker-pytorch-training-toolkit, training.py), the torch image under the same
+# mpirun (smdistributed.dataparallel.torch gives each rank torch's variables).
+PYTORCH_DDP_ENABLED_PARAM = "sagemaker_pytorch_ddp_enabled"
 # distribution={"smdistributed": {"modelparallel": ...}} sends its parameters as this (not
 # sagemaker_-prefixed) hyperparameter; the toolkit treats a non-empty value as "enabled"
 # (sagemaker_training/environment.py, SM_HP_MP_PARAMETERS).
@@ -462,13 +461,13 @@ def choose_backend(hyperparameters: Mapping[str, Any], ranks_per_host: int | Non
         name for name in (MWMS_ENABLED_PARAM, PS_ENABLED_PARAM) if _enabled(hyperparameters, name)
     ]
     mpi_requested = _enabled(hyperparameters, MPI_ENABLED_PARAM)
-    data_parallel = _enabled(hyperparameters, SMDDP_ENABLED_PARAM)
+    data_parallel = _enabled(hyperparameters, SMDDP_ENABLED_PARAM) or _enabled(
+        hyperparameters, PYTORCH_DDP_ENABLED_PARAM
+    )
     if _enabled(hyperparameters, TORCH_DISTRIBUTED_ENABLED_PARAM):
-        others = [
-            *strategies,
-            *([MPI_ENABLED_PARAM] if mpi_requested else []),
-            *([SMDDP_ENABLED_PARAM] if data_parallel else []),
-        ]
+        # torch_distributed with smdistributed's dataparallel is AWS's torchrun launch of the
+        # smddp backend (the SDK sends both; the PyTorch toolkit checks torch_distributed first).
+        others = [*strategies, *([MPI_ENABLED_PARAM] if mpi_requested else [])]
         if others:
             raise ContractError(
                 f"hyperparameters {TORCH_DISTRIBUTED_ENABLED_PARAM}=true and {others[0]}=true: "
@@ -542,6 +541,20 @@ def _custom_mpi_options(hyperparameters: Mapping[str, Any]) -> tuple[str, ...]:
         if value not in (None, ""):
             options += parse_custom_mpi_options(hyperparameter_text(value), name)
     return tuple(options)
+
+
+def check_distribution_in_image(hyperparameters: Mapping[str, Any], image_flavor: str) -> None:
+    """pytorchddp (as SDKs before 2.221 send it) runs PyTorch scripts: only the torch image has
+    torch. (The smdistributed parameters run in both: the TensorFlow images map the library's
+    TensorFlow API onto Horovod, the torch image its PyTorch API onto torch.distributed.)"""
+    if _enabled(hyperparameters, PYTORCH_DDP_ENABLED_PARAM) and not image_flavor.startswith(
+        "torch"
+    ):
+        raise ContractError(
+            f"hyperparameter {PYTORCH_DDP_ENABLED_PARAM}=true: pytorchddp runs a PyTorch script, "
+            "and this TensorFlow image has no PyTorch: use the torch image (make build "
+            f"FLAVOR=torch or torch-cpu), or {_USE_MPI}"
+        )
 
 
 def check_backend_in_image(backend: Backend, image_flavor: str) -> None:
@@ -909,6 +922,7 @@ def parse_contract(
         resource_config, hosts, current_host, resource_source
     )
     try:
+        check_distribution_in_image(decoded, env.get(IMAGE_FLAVOR_ENV, ""))
         distribution_group = choose_distribution_group(
             [group.name for group in groups], decoded, settings.backend
         )

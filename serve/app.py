@@ -35,7 +35,7 @@ from serve.errors import JSON, ServeError, error_body, one_line
 from serve.logs import configure_logging
 from serve.multimodel import ModelLoader, ModelManager, parse_load_request
 from serve.runner import Incoming, Outgoing, Runner
-from serve.settings import Settings, execution_parameters, settings_from_env
+from serve.settings import PYTORCH, Settings, execution_parameters, settings_from_env
 
 log = logging.getLogger("serve")
 
@@ -49,8 +49,12 @@ Loader = Callable[[Settings], Runner]
 
 
 def load_model(settings: Settings) -> Runner:
-    """The default loader: the runner is chosen here, once, from what the folder holds. Its
-    framework is imported only here, after the choice."""
+    """The default loader: the runner is chosen here, once, from the image's framework and what
+    the folder holds. Its framework is imported only here, after the choice."""
+    if settings.framework == PYTORCH:
+        from serve import torch_runner  # noqa: PLC0415
+
+        return torch_runner.load(settings)
     from serve.tf_runner import compose, load_archive  # noqa: PLC0415
 
     return compose(load_archive(settings.model_dir, settings.default_model), settings)
@@ -178,7 +182,7 @@ def create_app(
     if settings.multi_model:
         state.manager = ModelManager(models or model_loader(settings), settings.min_free_bytes)
     else:
-        hooks.add_lib_to_path(settings.model_dir)
+        hooks.add_lib_to_path(settings.model_dir, settings.code_dir)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:

@@ -85,19 +85,21 @@ def code_dir(model_dir: Path) -> Path:
     return model_dir / CODE_DIR
 
 
-def add_lib_to_path(model_dir: Path) -> None:
-    lib = code_dir(model_dir) / LIB_DIR
+def add_lib_to_path(model_dir: Path, code: Path | None = None) -> None:
+    """code/lib first on the import path (`code`: the code folder when it is not the model's
+    own, as for a PyTorch model's SAGEMAKER_SUBMIT_DIRECTORY)."""
+    lib = (code or code_dir(model_dir)) / LIB_DIR
     if lib.is_dir() and str(lib) not in sys.path:
         sys.path.insert(0, str(lib))
 
 
-def install_requirements(model_dir: Path) -> None:
+def install_requirements(model_dir: Path, code: Path | None = None) -> None:
     """pip install -r code/requirements.txt into the image's Python; ModelError naming the
     package pip could not install."""
     # The reading of pip's output the entry point shares (smcommon, dependency-free).
     from smcommon.pipoutput import failed_requirement, last_error_line  # noqa: PLC0415
 
-    requirements = code_dir(model_dir) / REQUIREMENTS
+    requirements = (code or code_dir(model_dir)) / REQUIREMENTS
     if not requirements.is_file():
         return
     if (code_dir(model_dir) / LIB_DIR).is_dir():

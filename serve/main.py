@@ -19,10 +19,10 @@ from collections.abc import Sequence
 
 import uvicorn
 
-from serve import hooks
+from serve import hooks, torch_io
 from serve.logs import configure_logging
 from serve.model import Archive, ModelError, scan
-from serve.settings import Settings, SettingsError, settings_from_env
+from serve.settings import PYTORCH, Settings, SettingsError, settings_from_env
 
 log = logging.getLogger("serve")
 
@@ -42,6 +42,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             # Models come and go through /models, in one process (one table of models).
             settings = dataclasses.replace(settings, workers=1)
             described = "a multi-model endpoint (no model until POST /models)"
+        elif settings.framework == PYTORCH:
+            torch_io.check_model_dir(settings.model_dir, settings.code_dir / settings.program)
+            # code/requirements.txt before any worker imports the user's script.
+            hooks.install_requirements(settings.model_dir, settings.code_dir)
+            described = f"a PyTorch model from {settings.model_dir}"
         else:
             archive = scan(settings.model_dir, settings.default_model)
             # code/requirements.txt before any worker imports code/inference.py.
@@ -50,7 +55,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (SettingsError, ModelError) as exc:
         log.error("cannot serve: %s", exc)
         return EXIT_BAD_INPUT
-    lib = hooks.code_dir(settings.model_dir) / hooks.LIB_DIR
+    lib = settings.code_dir / hooks.LIB_DIR
     if lib.is_dir():
         # Workers beyond the first are spawned: they find code/lib through the environment.
         os.environ["PYTHONPATH"] = os.pathsep.join(

@@ -21,6 +21,12 @@ DEFAULT_GRACEFUL_TIMEOUT_S = 25.0
 # (AWS's guide shows MULTI_RECORD; SAGEMAKER_BATCH_STRATEGY may come either way).
 BATCH_STRATEGIES = ("MultiRecord", "SingleRecord")
 ACCEPT_TYPES = ("application/json", "application/jsonlines")
+# The PyTorch runner's (SageMaker's PyTorch inference toolkit's default output_fn).
+TORCH_ACCEPT_TYPES = ("application/json", "text/csv", "application/x-npy")
+TENSORFLOW = "tensorflow"
+PYTORCH = "pytorch"
+# Set in each image (Dockerfile): "torch"/"torch-cpu" in the PyTorch images.
+IMAGE_FLAVOR_ENV = "SM_IMAGE_FLAVOR"
 
 
 class SettingsError(ValueError):
@@ -51,6 +57,20 @@ class Settings:
     multi_model: bool = False
     # A multi-model load that would leave less memory free than this gets 507.
     min_free_bytes: int = 256 * 1024 * 1024
+    # Which runner serves the model folder: the image's framework (SM_IMAGE_FLAVOR), chosen once.
+    framework: str = TENSORFLOW
+    # The PyTorch runner's user code: SAGEMAKER_SUBMIT_DIRECTORY when it is a folder in the
+    # container (the SDK's local mode mounts the source at /opt/ml/code; a repacked model says
+    # /opt/ml/model/code), else the model's code/; SAGEMAKER_PROGRAM names the module there
+    # (the SDK's deploy() of an estimator: the training script), else inference.py.
+    submit_directory: Path | None = None
+    program: str = "inference.py"
+
+    @property
+    def code_dir(self) -> Path:
+        if self.framework == PYTORCH and self.submit_directory is not None:
+            return self.submit_directory
+        return self.model_dir / "code"
 
     @property
     def max_payload_mb(self) -> int:
@@ -110,10 +130,30 @@ _FLAGS = (
 )
 
 
+def _pytorch_code(env: Mapping[str, str]) -> dict[str, object]:
+    """SAGEMAKER_SUBMIT_DIRECTORY when it is a path in the container, and SAGEMAKER_PROGRAM."""
+    values: dict[str, object] = {}
+    submit = env.get("SAGEMAKER_SUBMIT_DIRECTORY", "").strip()
+    if submit.startswith("/"):
+        values["submit_directory"] = Path(submit)
+    program = env.get("SAGEMAKER_PROGRAM", "").strip()
+    if program:
+        if "/" in program or not program.endswith(".py"):
+            raise SettingsError(
+                f"SAGEMAKER_PROGRAM={program!r} must name a .py file in the code folder"
+            )
+        values["program"] = program
+    return values
+
+
 def settings_from_env(env: Mapping[str, str]) -> Settings:
     """Every variable is optional (empty counts as unset); a malformed one raises SettingsError
     naming it."""
     values: dict[str, object] = {}
+    framework = PYTORCH if env.get(IMAGE_FLAVOR_ENV, "").startswith("torch") else TENSORFLOW
+    values["framework"] = framework
+    if framework == PYTORCH:
+        values.update(_pytorch_code(env))
     if env.get("SM_SERVE_MODEL_DIR"):
         values["model_dir"] = Path(env["SM_SERVE_MODEL_DIR"])
     if env.get("SAGEMAKER_TFS_DEFAULT_MODEL_NAME", "").strip():
@@ -124,12 +164,22 @@ def settings_from_env(env: Mapping[str, str]) -> Settings:
     for name, field, allowed, normalize in _CHOICES:
         if env.get(name, "").strip():
             value = normalize(env[name].strip())
-            if value not in allowed:
-                raise SettingsError(f"{name}={value!r} must be one of {', '.join(allowed)}")
+            choices = (
+                TORCH_ACCEPT_TYPES
+                if field == "default_accept" and framework == PYTORCH
+                else allowed
+            )
+            if value not in choices:
+                raise SettingsError(f"{name}={value!r} must be one of {', '.join(choices)}")
             values[field] = value
     for name, field in _FLAGS:
         if name in env:
             values[field] = _flag(env, name)
+    if framework == PYTORCH and values.get("multi_model"):
+        raise SettingsError(
+            "SAGEMAKER_MULTI_MODEL=true: multi-model endpoints serve SavedModels, not in the "
+            "torch image (one PyTorch model per endpoint)"
+        )
     return Settings(**values)  # type: ignore[arg-type]
 
 

@@ -303,9 +303,9 @@ _USE_MPI = "use distribution={'mpi': {'enabled': True}} with a Horovod script"
          "this TensorFlow image lacks: use the torch image (make build FLAVOR=torch or "
          "torch-cpu)"),
         ("sagemaker_pytorch_ddp_enabled",
-         "hyperparameter sagemaker_pytorch_ddp_enabled=true: pytorchddp is SageMaker's "
-         "data-parallel library (smdistributed), only in AWS's own images: use "
-         "distribution={'torch_distributed': {'enabled': True}} (torchrun) with the torch image"),
+         "hyperparameter sagemaker_pytorch_ddp_enabled=true: pytorchddp runs a PyTorch script, "
+         "and this TensorFlow image has no PyTorch: use the torch image (make build "
+         f"FLAVOR=torch or torch-cpu), or {_USE_MPI}"),
         ("sagemaker_pytorch_xla_multi_worker_enabled",
          "hyperparameter sagemaker_pytorch_xla_multi_worker_enabled=true: pytorchxla needs "
          f"PyTorch/XLA, which this TensorFlow image lacks: {_USE_MPI}"),
@@ -376,10 +376,6 @@ def test_torch_distributed_selects_torchrun_in_the_torch_image(flavor):
          "hyperparameters sagemaker_torch_distributed_enabled=true and "
          "sagemaker_multi_worker_mirrored_strategy_enabled=true: torchrun and that distribution "
          "cannot both run the job; choose one"),
-        ("sagemaker_distributed_dataparallel_enabled",
-         "hyperparameters sagemaker_torch_distributed_enabled=true and "
-         "sagemaker_distributed_dataparallel_enabled=true: torchrun and that distribution "
-         "cannot both run the job; choose one"),
     ],
 )  # fmt: skip
 def test_torch_distributed_refuses_a_second_distribution(other, message):
@@ -389,6 +385,37 @@ def test_torch_distributed_refuses_a_second_distribution(other, message):
             env=_TORCH_IMAGE,
         )
     assert str(raised.value) == f"{Path('/opt/ml/input/config/hyperparameters.json')}: {message}"
+
+
+@pytest.mark.parametrize(
+    "hyperparameters",
+    [
+        # SDK v2 >= 2.221 sends pytorchddp as smdistributed's dataparallel.
+        {"sagemaker_distributed_dataparallel_enabled": "true",
+         "sagemaker_distributed_dataparallel_custom_mpi_options": '"-x NCCL_DEBUG=INFO"',
+         "sagemaker_instance_type": '"ml.p4d.24xlarge"'},
+        # Older SDKs send their own switch.
+        {"sagemaker_pytorch_ddp_enabled": "true", "sagemaker_instance_type": '"local"'},
+    ],
+)  # fmt: skip
+def test_data_parallel_runs_under_mpirun_in_the_torch_image(hyperparameters):
+    contract = parse(hyperparameters=hyperparameters, env=_TORCH_IMAGE)
+    assert contract.settings.backend is Backend.MPI
+    options = ("-x", "NCCL_DEBUG=INFO") if len(hyperparameters) == 3 else ()
+    assert contract.settings.custom_mpi_options == options
+
+
+def test_torch_distributed_with_data_parallel_is_torchrun_with_smddp():
+    # What the SDK sends for both (pytorch/estimator.py), and what AWS's PyTorch toolkit runs:
+    # torchrun, whose ranks then use the smddp backend.
+    contract = parse(
+        hyperparameters={
+            "sagemaker_torch_distributed_enabled": "true",
+            "sagemaker_distributed_dataparallel_enabled": "true",
+        },
+        env=_TORCH_IMAGE,
+    )
+    assert contract.settings.backend is Backend.TORCH_DISTRIBUTED
 
 
 def test_torch_distributed_refuses_the_builtin_model():

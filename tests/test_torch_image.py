@@ -142,13 +142,14 @@ def test_the_torch_image_carries_no_tensorflow_code(docker, image):
 
 
 @docker_with_torch_image
-def test_builtin_model_and_serve_are_refused_in_one_line(make_cluster, docker, image):
+def test_builtin_model_is_refused_in_one_line_and_serve_needs_a_model(make_cluster, docker, image):
     cluster = make_cluster(1)
     cluster.start()
     assert cluster.wait(timeout=60) == {"algo-1": 1}, cluster.describe()
     assert cluster.failure("algo-1") == (
         "BadInput: the built-in model is TensorFlow, not in the torch image: set sagemaker_program"
     )
+    # `serve` runs here (tests/test_serve_torch_docker.py); without a model it stops in one line.
     served = subprocess.run(
         [docker, "run", "--rm", image, "serve"],
         capture_output=True,
@@ -156,7 +157,8 @@ def test_builtin_model_and_serve_are_refused_in_one_line(make_cluster, docker, i
         timeout=60,
         check=False,
     )
-    assert served.returncode == 1
-    assert served.stderr.strip().splitlines() == [
-        "serve: not in the torch image (it serves the TensorFlow images' SavedModels)"
-    ]
+    assert served.returncode == 2
+    errors = [line for line in served.stdout.splitlines() if " ERROR " in line]
+    assert [line.split(" ERROR ", 1)[1] for line in errors] == [
+        "serve: cannot serve: model folder /opt/ml/model does not exist"
+    ], served

@@ -10,10 +10,16 @@ gloo on CPU, NCCL on GPU (one process per GPU, LOCAL_RANK picks it).
 
 SageMaker's contract: data from the `training` and `test` channels (SM_CHANNEL_TRAINING,
 SM_CHANNEL_TEST), class folders inside (ImageFolder); rank 0 writes the weights to
-SM_MODEL_DIR (model.pth, a state_dict, plus classes.json); a checkpoint in /opt/ml/checkpoints
+SM_MODEL_DIR (model.pth, a state_dict, plus classes.json, and the same network as TorchScript,
+model.pt); a checkpoint in /opt/ml/checkpoints
 after every epoch and on SIGTERM (then exit 143, as SageMaker expects of a stopped job), and a
 run that finds one there resumes from it (Spot training). Hyperparameters arrive as
 `--name value` arguments.
+
+Serving: `model_fn` below is SageMaker's PyTorch inference hook. `estimator.deploy()` serves the
+model with this script as its code (the torch image's `serve`, as AWS's PyTorch containers), so
+a float32 array of normalized images, N x 3 x H x W, gets the N x classes logits back; without
+any script, `serve` loads model.pt (TorchScript) instead.
 """
 
 from __future__ import annotations
@@ -43,6 +49,8 @@ log = logging.getLogger("train_ddp")
 
 CHECKPOINT_FILE = "checkpoint.pt"
 MODEL_FILE = "model.pth"
+# The same network as TorchScript: what `serve` loads when the model comes with no model_fn.
+TORCHSCRIPT_FILE = "model.pt"
 CLASSES_FILE = "classes.json"
 # What a process stopped by SIGTERM exits with (128 + 15), as SageMaker's own containers do.
 SIGTERM_EXIT_CODE = 128 + signal.SIGTERM
@@ -333,12 +341,24 @@ def run(
     if is_chief:
         weights = model.state_dict()
         write_atomically(args.model_dir / MODEL_FILE, lambda path: torch.save(weights, path))
+        scripted = torch.jit.script(model.to("cpu").eval())
+        write_atomically(args.model_dir / TORCHSCRIPT_FILE, lambda path: scripted.save(str(path)))
         write_atomically(
             args.model_dir / CLASSES_FILE,
             lambda path: path.write_text(json.dumps(train_set.classes)),
         )
         log.info("model written to %s", args.model_dir / MODEL_FILE)
     return 0
+
+
+def model_fn(model_dir: str) -> nn.Module:
+    """SageMaker's PyTorch serving hook: the network rebuilt from classes.json and model.pth, in
+    eval mode, on CPU (or the GPU when there is one)."""
+    classes = json.loads((Path(model_dir) / CLASSES_FILE).read_text())
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model = vgg_small(len(classes))
+    model.load_state_dict(torch.load(Path(model_dir) / MODEL_FILE, map_location=device))
+    return model.to(device).eval()
 
 
 if __name__ == "__main__":
