@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
+from serve import errors
 from serve.batching import Piece
 from serve.errors import JSON, JSONLINES, ServeError, media_type
 from serve.tfs import json_document_text
@@ -41,20 +42,13 @@ CUSTOM_ATTRIBUTES_TOP_K = "top_k"
 MAX_IMAGE_PIXELS = 64 * 1024 * 1024
 
 
+# What the built-in classifier writes, by the Accept types it takes (JSON Lines' aliases).
+_WRITES = {JSON: JSON, **dict.fromkeys(JSONLINES_ALIASES, JSONLINES)}
+
+
 def choose_accept(header: str | None, default: str) -> str:
-    """The response type for an Accept header: the first type we produce, in the client's
-    order (q-values are not weighed: SageMaker clients send one type); */* or none -> default."""
-    if not header or not header.strip():
-        return default
-    for item in header.split(","):
-        kind = media_type(item)
-        if kind in ("*/*", "application/*", ""):
-            return default
-        if kind == JSON:
-            return JSON
-        if kind in JSONLINES_ALIASES:
-            return JSONLINES
-    raise ServeError(406, f"cannot answer in {header.strip()!r}; Accept {JSON} or {JSONLINES}")
+    """The response type for an Accept header (errors.choose_accept): JSON or JSON Lines."""
+    return errors.choose_accept(header, default, _WRITES)
 
 
 def parse_top_k(custom_attributes: str | None, classes: int) -> int | None:

@@ -4,6 +4,7 @@ message), the JSON media types, and the error body. Pure."""
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 
 JSON = "application/json"
 JSONLINES = "application/jsonlines"
@@ -29,6 +30,23 @@ class ServeError(Exception):
 def media_type(header: str | None) -> str:
     """'Application/JSON; charset=utf-8' -> 'application/json'; a missing header -> ''."""
     return (header or "").split(";", 1)[0].strip().lower()
+
+
+def choose_accept(header: str | None, default: str, writes: Mapping[str, str]) -> str:
+    """The response type for an Accept header: the type `writes` maps the first it knows to, in
+    the client's order (q-values are not weighed: SageMaker clients send one type); */*,
+    application/* or no header -> `default` (SAGEMAKER_DEFAULT_INVOCATIONS_ACCEPT). Nothing
+    written -> 406, naming what is."""
+    if not header or not header.strip():
+        return default
+    for item in header.split(","):
+        kind = media_type(item)
+        if kind in ("*/*", "application/*", ""):
+            return default
+        if kind in writes:
+            return writes[kind]
+    offered = ", ".join(dict.fromkeys(writes.values()))
+    raise ServeError(406, f"cannot answer in {header.strip()!r}; Accept one of {offered}")
 
 
 def error_body(message: str) -> bytes:

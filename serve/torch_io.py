@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from serve import errors
 from serve.discovery import ModelError
 from serve.errors import ServeError, media_type
 
@@ -80,19 +81,9 @@ def decode(body: bytes, content_type: str | None) -> np.ndarray:
 
 
 def choose_accept(header: str | None, default: str) -> str:
-    """The first type of the Accept header this server writes, in the client's order; */*,
+    """The first type of the Accept header this server writes (errors.choose_accept); */*,
     application/* or no header -> `default` (SAGEMAKER_DEFAULT_INVOCATIONS_ACCEPT)."""
-    if not header or not header.strip():
-        return default
-    for item in header.split(","):
-        kind = media_type(item)
-        if kind in ("*/*", "application/*", ""):
-            return default
-        if kind in CONTENT_TYPES:
-            return kind
-    raise ServeError(
-        406, f"cannot answer in {header.strip()!r}; Accept one of {', '.join(CONTENT_TYPES)}"
-    )
+    return errors.choose_accept(header, default, {kind: kind for kind in CONTENT_TYPES})
 
 
 def _csv(array: np.ndarray) -> bytes:
