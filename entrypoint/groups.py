@@ -15,7 +15,7 @@ import enum
 from collections.abc import Mapping, Sequence
 
 from entrypoint.channel.protocol import Exited, Verdict
-from entrypoint.contract import Backend, Contract
+from entrypoint.contract import Contract
 from smcommon.failure import STOPPED_EXIT_CODE, Failure, Reason
 
 # What a per-host program host is told about the distribution master: the name the PyTorch
@@ -53,25 +53,11 @@ class HostRole:
         return self.host == self.master
 
 
-def distribution_ranks_per_host(backend: Backend, requested: int | None, gpu_count: int) -> int:
-    """Ranks on each distribution host: the request (ranks_per_host or the toolkit's
-    sagemaker_mpi_num_of_processes_per_host), else one per GPU of the distribution group's
-    instance type, else 1 (the toolkit's runner.py rule); one process per task for
-    tf.distribute's strategies, which drive every local GPU themselves."""
-    if backend in (Backend.MULTI_WORKER_MIRRORED, Backend.PARAMETER_SERVER):
-        return 1
-    if requested is not None:
-        return requested
-    return gpu_count if gpu_count > 0 else 1
-
-
-def host_roles(contract: Contract, *, distribution_gpu_count: int) -> tuple[HostRole, ...]:
-    """Every host's role, in contract.hosts order (sorted). `distribution_gpu_count` is the GPU
-    count of the distribution group's instance type, as a distribution host detects it (the
-    group is one instance type); a program host's count does not matter."""
-    ranks = distribution_ranks_per_host(
-        contract.settings.backend, contract.settings.ranks_per_host, distribution_gpu_count
-    )
+def host_roles(contract: Contract, *, distribution_ranks: int) -> tuple[HostRole, ...]:
+    """Every host's role, in contract.hosts order (sorted). `distribution_ranks` are the
+    backend's processes per distribution host (launches.LAUNCHES' rule, from the GPUs of the
+    distribution group's instance type: the group is one instance type)."""
+    ranks = distribution_ranks
     distributed = set(contract.distribution_hosts)
     return tuple(
         HostRole(
@@ -83,12 +69,6 @@ def host_roles(contract: Contract, *, distribution_gpu_count: int) -> tuple[Host
         )
         for host in contract.hosts
     )
-
-
-def current_role(contract: Contract, *, distribution_gpu_count: int) -> HostRole:
-    """This host's role (host_roles for contract.current_host)."""
-    roles = host_roles(contract, distribution_gpu_count=distribution_gpu_count)
-    return next(role for role in roles if role.host == contract.current_host)
 
 
 def program_host_environment(role: HostRole) -> dict[str, str]:

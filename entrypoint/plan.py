@@ -9,9 +9,8 @@ host's part by launches.local_part (docs/backends.md).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
-from typing import assert_never
 
 from sagemaker_training import mapping, params
 
@@ -26,19 +25,9 @@ from entrypoint.contract import (
 )
 from entrypoint.host.ranks import RANK_SOCKET_ENV, RANK_SOCKET_PATH
 from entrypoint.job import JobShape, format_command
-from entrypoint.launches import Launch
-from entrypoint.launches.mpi.plan import RemoteShell, mpi_launch
-from entrypoint.launches.program import program_launch
-from entrypoint.launches.tf_distribute.layouts import (
-    PsLayout,
-    host_tasks,
-    job_task_count,
-    tf_config,
-    tf_config_launch,
-    tf_config_line,
-    tf_layout,
-)
-from entrypoint.launches.torchrun import torchrun_launch
+from entrypoint.launches import LAUNCHES, PROGRAM_HOST, Launch
+from entrypoint.launches.mpi.plan import RemoteShell
+from entrypoint.launches.tf_distribute.layouts import PsLayout
 from smcommon.names import JOB_SECRET_ENV, OLD_JOB_SECRET_ENV
 
 # Horovod defaults that make a hang fail loudly: warn after 60 s, shut down after 5 min.
@@ -62,17 +51,12 @@ class JobPlan(JobShape):
     launch: Launch
     # Every host's role (groups.host_roles): which run the distributed program, which their own.
     roles: tuple[groups.HostRole, ...] = ()
+    # The row of launches.LAUNCHES that built this host's launch: the backend's, or PER_HOST on
+    # a host outside a heterogeneous job's distribution group.
+    launch_kind: Backend = Backend.MPI
 
     def role(self, host: str) -> groups.HostRole | None:
         return next((role for role in self.roles if role.host == host), None)
-
-
-def ranks_per_host(requested: int | None, gpu_count: int) -> int:
-    """One rank per GPU where there are GPUs, else the requested number (default 1); an explicit
-    request wins either way (e.g. fewer ranks than GPUs for a memory-hungry model)."""
-    if requested is not None:
-        return requested
-    return gpu_count if gpu_count > 0 else 1
 
 
 def program_argv(
@@ -93,10 +77,6 @@ def program_argv(
     raise AssertionError(f"unknown program {contract.program!r}")
 
 
-# A launch builder: the job's shape and the program's environment in, the Launch out.
-LaunchBuilder = Callable[[JobShape, Mapping[str, str]], Launch]
-
-
 def make_plan(
     contract: Contract,
     *,
@@ -109,24 +89,10 @@ def make_plan(
     The master detects GPUs on its own host and assumes the cluster is homogeneous, as
     SageMaker's single instance type guarantees.
 
-    The one place that reads the backend the user asked for: each backend picks its ranks per
-    host and its launch builder (Horovod's runner: one dispatch, one builder per backend with
-    the same signature)."""
-    requested = contract.settings.ranks_per_host
-    build: LaunchBuilder
-    match contract.settings.backend:
-        case Backend.MPI:
-            ranks, build = ranks_per_host(requested, gpu_count), mpi_launch
-        case Backend.PER_HOST:
-            ranks, build = ranks_per_host(requested, gpu_count), program_launch
-        case Backend.TORCH_DISTRIBUTED:
-            # --nproc-per-node: one rank per GPU, else ranks_per_host (default 1).
-            ranks, build = ranks_per_host(requested, gpu_count), torchrun_launch
-        case Backend.MULTI_WORKER_MIRRORED | Backend.PARAMETER_SERVER:
-            # A strategy drives every local GPU from one process per task.
-            ranks, build = 1, tf_config_launch
-        case unknown:
-            assert_never(unknown)
+    The backend the user asked for is read here only to look up its row of
+    launches.LAUNCHES: its ranks per host and its launch builder."""
+    backend = contract.settings.backend
+    ranks = LAUNCHES[backend].ranks(contract.settings.ranks_per_host, gpu_count)
     argv, working_dir = program_argv(contract, python=python)
     shape = JobShape(
         # A heterogeneous cluster's backend runs over the distribution group only.
@@ -138,7 +104,7 @@ def make_plan(
         network_interface_name=contract.network_interface_name,
         program_argv=argv,
         working_dir=working_dir,
-        backend=contract.settings.backend,
+        backend=backend,
         custom_mpi_options=contract.settings.custom_mpi_options,
         remote_shell=RemoteShell(contract.settings.remote_shell).value,
         python=python,
@@ -149,21 +115,21 @@ def make_plan(
     base = {**(env or {}), **contract.toolkit_environment}
     sm_env = sagemaker_environment(contract, gpu_count=gpu_count, cpu_count=cpu_count)
     environment = rank_environment(base, sm_env, shape)
-    roles = groups.host_roles(contract, distribution_gpu_count=gpu_count)
+    roles = groups.host_roles(contract, distribution_ranks=ranks)
     role = next(role for role in roles if role.host == contract.current_host)
-    launch: Launch
+    kind = backend
     if role.kind is groups.RoleKind.PROGRAM:
         # Outside the distribution group: the program once, told the distribution master.
         environment = {**environment, **groups.program_host_environment(role)}
-        launch = program_launch(shape, environment)
-    else:
-        launch = build(shape, environment)
+        kind = PROGRAM_HOST
+    launch: Launch = LAUNCHES[kind].build(shape, environment)
     return JobPlan(
         **{field.name: getattr(shape, field.name) for field in dataclasses.fields(JobShape)},
         environment=environment,
         command=launch.command,
         launch=launch,
         roles=roles,
+        launch_kind=kind,
     )
 
 
@@ -304,21 +270,11 @@ def summary_line(plan: JobPlan) -> str:
     """The master's line before the job starts: what runs where, and the command. MPI counts
     ranks; tf.distribute counts tasks (a ps job runs more processes than hosts)."""
     command = format_command(list(plan.command))
-    if plan.backend in (Backend.MULTI_WORKER_MIRRORED, Backend.PARAMETER_SERVER):
-        return f"running {job_task_count(plan)} tasks on {len(plan.hosts)} hosts: {command}"
-    return f"running {plan.total_ranks} ranks on {len(plan.hosts)} hosts: {command}"
+    count = LAUNCHES[plan.launch_kind].count(plan)
+    return f"running {count} on {len(plan.hosts)} hosts: {command}"
 
 
 def launch_lines(plan: JobPlan) -> tuple[str, ...]:
-    """What every host logs about its tf.distribute tasks before they start, as AWS's toolkit
-    does: the setup line, then each task's TF_CONFIG; () for other launches."""
-    if plan.backend not in (Backend.MULTI_WORKER_MIRRORED, Backend.PARAMETER_SERVER):
-        return ()
-    layout = tf_layout(plan)
-    lines = [layout.setup_line]
-    if layout.note:
-        lines.append(layout.note)
-    for task in host_tasks(plan):
-        value = tf_config(layout.cluster(plan.hosts), task)
-        lines.append(tf_config_line(task, value))
-    return tuple(lines)
+    """What every host logs about its processes before they start (tf.distribute's setup line
+    and each task's TF_CONFIG, as AWS's toolkit does); () for most launches."""
+    return LAUNCHES[plan.launch_kind].log_lines(plan)

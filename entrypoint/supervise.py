@@ -493,7 +493,9 @@ def run_host(
     """This host's part readies what it needs (sshd, its sockets), this host's end of the
     coordination channel opens (multi-host jobs) with the part's messages and handlers, and the
     master's or the worker's loop runs over the part."""
-    part = local_part(plan.launch, is_master=plan.is_master, host=plan.current_host)
+    part = local_part(
+        plan.launch_kind, plan.launch, is_master=plan.is_master, host=plan.current_host
+    )
     part.prepare()
     try:
         if plan.is_master:

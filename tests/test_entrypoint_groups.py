@@ -18,15 +18,14 @@ from entrypoint.contract import (
 from entrypoint.groups import (
     HostRole,
     RoleKind,
-    current_role,
     describe_roles,
-    distribution_ranks_per_host,
     host_roles,
     job_verdict,
     lost_program_host,
     program_host_environment,
 )
 from entrypoint.job import VerdictRule
+from entrypoint.launches import LAUNCHES
 from entrypoint.plan import make_plan, sagemaker_environment
 from smcommon.failure import Failure, Reason
 
@@ -368,7 +367,7 @@ def test_the_toolkits_own_environment_agrees(current, monkeypatch, tmp_path):
 
 def test_roles_of_a_two_group_mpi_job():
     contract = parse(resource())
-    roles = host_roles(contract, distribution_gpu_count=8)
+    roles = host_roles(contract, distribution_ranks=8)
     assert roles == (
         HostRole("algo-1", "dnn_group", RoleKind.DISTRIBUTED, "algo-3", 8),
         HostRole("algo-2", "data_group", RoleKind.PROGRAM, "algo-3", 1),
@@ -376,7 +375,6 @@ def test_roles_of_a_two_group_mpi_job():
         HostRole("algo-4", "data_group", RoleKind.PROGRAM, "algo-3", 1),
     )
     assert [role.is_master for role in roles] == [False, False, True, False]
-    assert current_role(contract, distribution_gpu_count=8) == roles[1]
     assert describe_roles(contract, roles) == (
         "distributed program on algo-3,algo-1 (group dnn_group, master algo-3, 8 ranks per "
         "host); per-host program on algo-4,algo-2 (group data_group)"
@@ -387,14 +385,14 @@ def test_roles_of_a_two_group_mpi_job():
 
 def test_roles_follow_the_request_and_the_backend():
     requested = {**MPI_HPS, "sagemaker_mpi_num_of_processes_per_host": "2"}
-    roles = host_roles(parse(resource(), requested), distribution_gpu_count=8)
+    roles = make_plan(parse(resource(), requested), gpu_count=8).roles
     assert [role.ranks for role in roles] == [2, 1, 2, 1]
     mwms = {
         "sagemaker_program": '"a.py"',
         "sagemaker_multi_worker_mirrored_strategy_enabled": "true",
         "sagemaker_distribution_instance_groups": '["dnn_group"]',
     }
-    roles = host_roles(parse(resource(), mwms), distribution_gpu_count=8)
+    roles = make_plan(parse(resource(), mwms), gpu_count=8).roles
     assert [role.ranks for role in roles] == [1, 1, 1, 1]
     assert [role.kind for role in roles] == [
         RoleKind.DISTRIBUTED,
@@ -406,7 +404,7 @@ def test_roles_follow_the_request_and_the_backend():
 
 def test_roles_of_a_one_group_job_are_all_distributed():
     contract = parse({"current_host": "algo-2", "hosts": ["algo-2", "algo-1"]}, {"epochs": "1"})
-    roles = host_roles(contract, distribution_gpu_count=0)
+    roles = host_roles(contract, distribution_ranks=1)
     assert roles == (
         HostRole("algo-1", "homogeneousCluster", RoleKind.DISTRIBUTED, "algo-1", 1),
         HostRole("algo-2", "homogeneousCluster", RoleKind.DISTRIBUTED, "algo-1", 1),
@@ -430,7 +428,7 @@ def test_roles_of_a_one_group_job_are_all_distributed():
     ],
 )
 def test_distribution_ranks_per_host(backend, requested, gpus, ranks):
-    assert distribution_ranks_per_host(backend, requested, gpus) == ranks
+    assert LAUNCHES[backend].ranks(requested, gpus) == ranks
 
 
 # --------------------------------------------------------------------------------------------

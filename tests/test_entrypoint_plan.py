@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from entrypoint.contract import ContractError, parse_contract
+from entrypoint.contract import Backend, ContractError, parse_contract
 from entrypoint.host.children import OutputTail, torchrun_root_cause
 from entrypoint.job import HostProcess, ProcessesLaunch, VerdictRule, format_command, is_exportable
-from entrypoint.launches import local_part
+from entrypoint.launches import LAUNCHES, local_part, ranks_per_host
 from entrypoint.launches.mpi.parts import MpirunPart, OrtedPart, mpi_rank_error
 from entrypoint.launches.mpi.plan import (
     CallbackDeadline,
@@ -27,7 +27,6 @@ from entrypoint.launches.torchrun import torchrun_argv
 from entrypoint.plan import (
     make_plan,
     rank_environment,
-    ranks_per_host,
     sagemaker_environment,
 )
 
@@ -306,7 +305,7 @@ def test_make_plan_chooses_one_launch_per_backend(hyperparameters, current, expe
     assert type(launch) is kind
     # The ssh launch ssh-checks every worker before mpirun: only where sshd runs.
     assert launch.runs_sshd == sshd == ssh_check
-    part = local_part(launch, is_master=plan.is_master, host=current)
+    part = local_part(plan.launch_kind, launch, is_master=plan.is_master, host=current)
     assert (part.reports_exit, part.starts_on_start) == (reports, on_start)
     assert part.verdict is verdict
     assert plan.ranks_per_host == ranks
@@ -344,12 +343,17 @@ def test_make_plan_chooses_one_launch_per_backend(hyperparameters, current, expe
             assert process.env == plan.environment
 
 
+def test_every_backend_has_one_launch():
+    """The launch table replaces a match on Backend: a backend without a row is caught here."""
+    assert set(LAUNCHES) == set(Backend)
+
+
 def test_local_part_follows_the_launch():
     def part(hyperparameters, current="algo-1"):
         plan = make_plan(
             contract(current=current, hyperparameters={**SCRIPT, **hyperparameters}), gpu_count=0
         )
-        return local_part(plan.launch, is_master=plan.is_master, host=current)
+        return local_part(plan.launch_kind, plan.launch, is_master=plan.is_master, host=current)
 
     assert type(part({})) is MpirunPart
     assert type(part({"mpi_remote_shell": "ssh"})) is MpirunPart

@@ -75,8 +75,8 @@ def test_planning_a_ps_job_loads_no_tensorflow():
         "from tests.test_entrypoint_tf_config import parse\n"
         "hyperparameters = {'sagemaker_parameter_server_enabled': 'true', "
         "'sagemaker_program': 'a.py'}\n"
-        "launch = make_plan(parse(hyperparameters), gpu_count=0).launch\n"
-        "launches.local_part(launch, is_master=True, host='algo-1')\n"
+        "plan = make_plan(parse(hyperparameters), gpu_count=0)\n"
+        "launches.local_part(plan.launch_kind, plan.launch, is_master=True, host='algo-1')\n"
         "served = ('tensorflow', 'entrypoint.launches.tf_distribute.ps_server')\n"
         "print(sorted(m for m in sys.modules if m.startswith(served)))\n"
     )

@@ -19,15 +19,15 @@ from entrypoint.job import ProcessesLaunch, VerdictRule
 from entrypoint.launches import local_part
 from entrypoint.launches.mpi.plan import MpiLaunch
 from entrypoint.launches.tf_distribute.layouts import (
+    MULTI_WORKER_MIRRORED,
+    PARAMETER_SERVERS,
     TF_CONFIG_ENV,
     Task,
     TaskType,
-    host_tasks,
     mwms_cluster,
     mwms_tasks,
     ps_cluster,
     ps_tasks,
-    task_environment,
     tf_config,
     tf_config_line,
     toolkit_ps_cluster,
@@ -273,7 +273,8 @@ def test_strategies_need_no_ssh_and_report_exits():
         launch = plan.launch
         assert isinstance(launch, ProcessesLaunch)
         assert not launch.runs_sshd
-        assert local_part(launch, is_master=True, host=plan.current_host).reports_exit
+        part = local_part(plan.launch_kind, launch, is_master=True, host=plan.current_host)
+        assert part.reports_exit
         assert all(TF_CONFIG_ENV in process.env for process in launch.processes)
     ps = make_plan(parse({PS: "true", "sagemaker_program": "ps.py"}), gpu_count=0).launch
     assert ps.verdict is VerdictRule.CHIEF
@@ -288,7 +289,7 @@ def test_strategies_need_no_ssh_and_report_exits():
 def test_mwms_plan_runs_one_process_per_host_even_with_gpus():
     plan = make_plan(parse({MWMS: "true"}, current="algo-2"), gpu_count=8)
     assert plan.ranks_per_host == 1
-    assert host_tasks(plan) == (Task(TaskType.WORKER, 1, "algo-2"),)
+    assert MULTI_WORKER_MIRRORED.host_tasks(plan) == (Task(TaskType.WORKER, 1, "algo-2"),)
 
 
 def test_task_environment():
@@ -296,17 +297,19 @@ def test_task_environment():
         parse({PS: "true", "sagemaker_program": "ps.py", PS_LAYOUT: "strategy"}, hosts=HOSTS[:2]),
         gpu_count=0,
     )
-    chief, worker, ps = host_tasks(plan)
+    chief, worker, ps = PARAMETER_SERVERS.host_tasks(plan)
     base = {"PATH": "/usr/bin", "TF_CONFIG": "stale", "GRPC_FAIL_FAST": "false"}
-    env = task_environment(base, plan, ps)
+    env = PARAMETER_SERVERS.task_environment(base, plan, ps)
     assert json.loads(env["TF_CONFIG"])["task"] == {"type": "ps", "index": 0}
     assert env[BACKEND_ENV] == "parameter_server"
     # The user's own gRPC setting wins; ours is only a default.
     assert env["GRPC_FAIL_FAST"] == "false"
-    assert task_environment({}, plan, worker)["GRPC_FAIL_FAST"] == "use_caller"
+    assert PARAMETER_SERVERS.task_environment({}, plan, worker)["GRPC_FAIL_FAST"] == "use_caller"
     assert base["TF_CONFIG"] == "stale"  # not mutated
     mwms = make_plan(parse({MWMS: "true"}), gpu_count=0)
-    mwms_env = task_environment({}, mwms, host_tasks(mwms)[0])
+    mwms_env = MULTI_WORKER_MIRRORED.task_environment(
+        {}, mwms, MULTI_WORKER_MIRRORED.host_tasks(mwms)[0]
+    )
     assert "GRPC_FAIL_FAST" not in mwms_env
     assert mwms_env[BACKEND_ENV] == "multi_worker_mirrored"
     assert chief.type is TaskType.CHIEF
@@ -317,7 +320,8 @@ def test_toolkit_task_environment_is_the_toolkits():
         parse({PS: "true", "sagemaker_program": "ps.py"}, hosts=HOSTS[:2], current="algo-2"),
         gpu_count=0,
     )
-    worker, ps = host_tasks(plan)
+    worker, ps = PARAMETER_SERVERS.host_tasks(plan)
+    task_environment = PARAMETER_SERVERS.task_environment
     spec = (
         '{"cluster": {"master": ["algo-1:2222"], "ps": ["algo-1:2223", "algo-2:2223"], '
         '"worker": ["algo-2:2222"]}, "environment": "cloud", '
@@ -544,7 +548,9 @@ def test_the_entry_point_tells_the_model_its_backend():
     from model.backend import backend_name  # noqa: PLC0415
 
     plan = make_plan(parse({MWMS: "true"}), gpu_count=0)
-    env = task_environment({}, plan, host_tasks(plan)[0])
+    env = MULTI_WORKER_MIRRORED.task_environment(
+        {}, plan, MULTI_WORKER_MIRRORED.host_tasks(plan)[0]
+    )
     assert backend_name(env) == "multi_worker_mirrored"
 
 

@@ -39,7 +39,6 @@ import enum
 import json
 from collections.abc import Callable, Mapping
 
-from entrypoint.contract import Backend
 from entrypoint.job import HostProcess, JobShape, ProcessesLaunch, VerdictRule
 from smcommon.names import BACKEND_ENV
 
@@ -256,60 +255,78 @@ _STRATEGY_PS_LAYOUT = _TfLayout(
 )
 
 
-def tf_layout(plan: JobShape) -> _TfLayout:
-    """The tf.distribute layout of this job's backend (and parameter_server_layout)."""
-    match plan.backend:
-        case Backend.MULTI_WORKER_MIRRORED:
-            return _MWMS_LAYOUT
-        case Backend.PARAMETER_SERVER if PsLayout(plan.ps_layout) is PsLayout.STRATEGY:
-            return _STRATEGY_PS_LAYOUT
-        case Backend.PARAMETER_SERVER:
-            return _TOOLKIT_PS_LAYOUT
-    raise ValueError(f"backend {plan.backend.value} has no TF_CONFIG tasks")
+def _ps_layout(shape: JobShape) -> _TfLayout:
+    """Parameter servers: the toolkit's layout, or TF2's (parameter_server_layout)."""
+    if PsLayout(shape.ps_layout) is PsLayout.STRATEGY:
+        return _STRATEGY_PS_LAYOUT
+    return _TOOLKIT_PS_LAYOUT
 
 
-def host_tasks(plan: JobShape) -> tuple[Task, ...]:
-    """This host's tf.distribute tasks (the layouts above)."""
-    return tf_layout(plan).tasks(plan.hosts, plan.current_host)
+@dataclasses.dataclass(frozen=True)
+class TfDistribute:
+    """One tf.distribute strategy's launch: which layout a job picks, and everything built from
+    it (the launch's builder, its log lines, the master's count of tasks)."""
 
+    layout_of: Callable[[JobShape], _TfLayout]
 
-def job_task_count(plan: JobShape) -> int:
-    """Every host's tf.distribute tasks together."""
-    tasks = tf_layout(plan).tasks
-    return sum(len(tasks(plan.hosts, host)) for host in plan.hosts)
+    def host_tasks(self, shape: JobShape) -> tuple[Task, ...]:
+        """This host's tasks."""
+        return self.layout_of(shape).tasks(shape.hosts, shape.current_host)
 
+    def task_count(self, shape: JobShape) -> str:
+        """Every host's tasks together, as the master's summary line counts them."""
+        tasks = self.layout_of(shape).tasks
+        return f"{sum(len(tasks(shape.hosts, host)) for host in shape.hosts)} tasks"
 
-def task_environment(program_env: Mapping[str, str], plan: JobShape, task: Task) -> dict[str, str]:
-    """One task's environment: the program's (rank_environment), its TF_CONFIG (ours wins over
-    one the user set: it describes this job's cluster), and the backend for the built-in model."""
-    layout = tf_layout(plan)
-    env = dict(program_env)
-    for name, value in layout.defaults.items():
-        env.setdefault(name, value)
-    env[TF_CONFIG_ENV] = tf_config(layout.cluster(plan.hosts), task)
-    env[BACKEND_ENV] = plan.backend.value
-    return env
+    def task_environment(
+        self, program_env: Mapping[str, str], shape: JobShape, task: Task
+    ) -> dict[str, str]:
+        """One task's environment: the program's (rank_environment), its TF_CONFIG (ours wins
+        over one the user set: it describes this job's cluster), and the backend for the
+        built-in model."""
+        layout = self.layout_of(shape)
+        env = dict(program_env)
+        for name, value in layout.defaults.items():
+            env.setdefault(name, value)
+        env[TF_CONFIG_ENV] = tf_config(layout.cluster(shape.hosts), task)
+        env[BACKEND_ENV] = shape.backend.value
+        return env
 
-
-def tf_config_launch(shape: JobShape, env: Mapping[str, str]) -> ProcessesLaunch:
-    """tf.distribute's strategies: this host's tasks, each with its own TF_CONFIG; the user's
-    script, or for the tasks the layout serves itself, the entry point's ps server."""
-    layout = tf_layout(shape)
-    tasks = host_tasks(shape)
-    # One task per host (MWMS) needs no prefix: its lines are the host's.
-    prefixed = len(tasks) > 1
-    processes = tuple(
-        HostProcess(
-            ps_server_argv(shape) if task.type in layout.served else shape.program_argv,
-            task_environment(env, shape, task),
-            None if task.type in layout.served else shape.working_dir,
-            task=task.name,
-            prefix=f"[{task.name}] " if prefixed else "",
+    def launch(self, shape: JobShape, env: Mapping[str, str]) -> ProcessesLaunch:
+        """The builder: this host's tasks, each with its own TF_CONFIG; the user's script, or
+        for the tasks the layout serves itself, the entry point's ps server."""
+        layout = self.layout_of(shape)
+        tasks = self.host_tasks(shape)
+        # One task per host (MWMS) needs no prefix: its lines are the host's.
+        prefixed = len(tasks) > 1
+        processes = tuple(
+            HostProcess(
+                ps_server_argv(shape) if task.type in layout.served else shape.program_argv,
+                self.task_environment(env, shape, task),
+                None if task.type in layout.served else shape.working_dir,
+                task=task.name,
+                prefix=f"[{task.name}] " if prefixed else "",
+            )
+            for task in tasks
         )
-        for task in tasks
-    )
-    chief = next((task.name for task in tasks if task.type is layout.chief), None)
-    return ProcessesLaunch(processes, layout.verdict, chief)
+        chief = next((task.name for task in tasks if task.type is layout.chief), None)
+        return ProcessesLaunch(processes, layout.verdict, chief)
+
+    def log_lines(self, shape: JobShape) -> tuple[str, ...]:
+        """What every host logs about its tasks before they start, as AWS's toolkit does: the
+        setup line, then each task's TF_CONFIG."""
+        layout = self.layout_of(shape)
+        lines = [layout.setup_line]
+        if layout.note:
+            lines.append(layout.note)
+        for task in self.host_tasks(shape):
+            lines.append(tf_config_line(task, tf_config(layout.cluster(shape.hosts), task)))
+        return tuple(lines)
+
+
+# Backend.MULTI_WORKER_MIRRORED and Backend.PARAMETER_SERVER (launches.LAUNCHES has the rows).
+MULTI_WORKER_MIRRORED = TfDistribute(lambda _shape: _MWMS_LAYOUT)
+PARAMETER_SERVERS = TfDistribute(_ps_layout)
 
 
 def ps_server_argv(shape: JobShape) -> tuple[str, ...]:
