@@ -17,6 +17,8 @@ from tests.test_torch_image import docker_with_torch_image, torch_image_name
 pytestmark = [docker_with_torch_image, pytest.mark.timeout(300)]
 
 TORCHRUN = {"sagemaker_torch_distributed_enabled": "true", "framework": "torch"}
+# AWS's data-parallel library for PyTorch: mpirun, each rank's env:// from OpenMPI's variables.
+SMDDP = {"sagemaker_distributed_dataparallel_enabled": "true", "framework": "smddp"}
 # Each host's torchrun prints its own ranks.
 TORCH_RUNNING = {"algo-3": "RUNNING rank=0", "algo-1": "RUNNING rank=1"}
 
@@ -31,6 +33,15 @@ def test_torchrun_trains_on_the_distribution_group_only(make_cluster):
     cluster = hetero_cluster(make_cluster, TORCHRUN)
     check_training_on_the_distribution_group_only(cluster)
     assert "--nnodes 2" in cluster.logs(MASTER), cluster.describe()
+
+
+def test_smddp_under_mpirun_meets_at_the_distribution_master(make_cluster):
+    """mpirun starts rank 0 on the distribution group's master (algo-3), and every rank's
+    MASTER_ADDR says so; SM_HOSTS[0] (algo-1) made the ranks wait for a rendezvous that never
+    came, until torch's 30-minute timeout."""
+    cluster = hetero_cluster(make_cluster, SMDDP)
+    check_training_on_the_distribution_group_only(cluster)
+    assert "-H algo-3:1,algo-1:1" in cluster.logs(MASTER), cluster.describe()
 
 
 def test_torchrun_a_killed_data_host_fails_every_host(make_cluster):

@@ -33,6 +33,30 @@ def test_an_mpi_rank_gets_torchs_variables_from_openmpis():
     }
 
 
+@pytest.mark.parametrize("launch", ["channel", "ssh"])
+def test_a_heterogeneous_jobs_rendezvous_is_the_distribution_groups_master(launch):
+    """mpirun starts rank 0 on the distribution group's first host (algo-3 here), not on
+    SM_HOSTS[0] (algo-1): from the variables the entry point gives a worker's ranks, with
+    SM_TRAINING_ENV (the channel launch) or without it (the ssh launch: sshd's SetEnv carries
+    only one-token values)."""
+    from entrypoint.plan import sagemaker_environment  # noqa: PLC0415
+    from tests.test_entrypoint_groups import parse, resource  # noqa: PLC0415
+
+    contract = parse(resource(current="algo-1"))
+    assert contract.master_host == "algo-3"
+    env = sagemaker_environment(contract, gpu_count=0, cpu_count=1)
+    assert json.loads(env["SM_HOSTS"])[0] == "algo-1"
+    if launch == "ssh":
+        env.pop("SM_TRAINING_ENV")
+    ompi = {
+        "OMPI_COMM_WORLD_RANK": "1",
+        "OMPI_COMM_WORLD_SIZE": "2",
+        "OMPI_COMM_WORLD_LOCAL_RANK": "0",
+        "OMPI_COMM_WORLD_LOCAL_SIZE": "1",
+    }
+    assert launch_env.missing_environment({**env, **ompi})["MASTER_ADDR"] == "algo-3"
+
+
 def test_one_host_rendezvous_stays_on_the_loopback():
     env = {
         "OMPI_COMM_WORLD_RANK": "0",

@@ -1,10 +1,10 @@
 """A heterogeneous cluster's program for the orchestration tests (script mode, every host).
 
-A host of the distribution group allreduces (Horovod under mpirun, or torch.distributed under
-torchrun with --framework torch) and prints its rank, host and group; with --seconds it keeps
-allreducing that long (a job to kill mid-run). Any other host is a "data host": it prints its
-group and the distribution master it was given, then waits for SIGTERM (the entry point's stop
-when training ends) and exits 0.
+A host of the distribution group allreduces (Horovod under mpirun, torch.distributed under
+torchrun with --framework torch, or AWS's smddp backend under mpirun with --framework smddp)
+and prints its rank, host and group; with --seconds it keeps allreducing that long (a job to
+kill mid-run). Any other host is a "data host": it prints its group and the distribution master
+it was given, then waits for SIGTERM (the entry point's stop when training ends) and exits 0.
 """
 
 import argparse
@@ -17,7 +17,7 @@ import time
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--seconds", type=float, default=0.0)
-parser.add_argument("--framework", choices=("horovod", "torch"), default="horovod")
+parser.add_argument("--framework", choices=("horovod", "torch", "smddp"), default="horovod")
 args = parser.parse_args()
 
 host = os.environ.get("SM_CURRENT_HOST", "?")
@@ -33,11 +33,16 @@ if group not in distributed:
     print(f"HETERO-DATA-STOPPED host={host}", flush=True)
     sys.exit(0)
 
-if args.framework == "torch":
+if args.framework in ("torch", "smddp"):
     import torch
     import torch.distributed as dist
 
-    dist.init_process_group("gloo")
+    if args.framework == "smddp":
+        # AWS's data-parallel backend name; under mpirun its env:// rendezvous comes from the
+        # torch image's start-up hook (smdistributed/dataparallel/torch/launch_env.py).
+        import smdistributed.dataparallel.torch.torch_smddp  # noqa: F401
+
+    dist.init_process_group("smddp" if args.framework == "smddp" else "gloo")
     rank, size = dist.get_rank(), dist.get_world_size()
 
     def allreduce(value: float) -> float:

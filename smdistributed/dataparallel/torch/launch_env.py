@@ -46,20 +46,46 @@ class LaunchError(RuntimeError):
     """The launch's environment cannot say where this rank is; the message is one line."""
 
 
+def _json(env: Mapping[str, str], name: str, what: str = "JSON") -> object:
+    try:
+        return json.loads(env.get(name, "null"))
+    except json.JSONDecodeError as error:
+        raise LaunchError(f"{name} is not {what}: {error}") from None
+
+
+def _distribution_master(env: Mapping[str, str]) -> str | None:
+    """The toolkit's master_hostname (environment.py get_master_hostname): the first host of the
+    distribution instance group, where mpirun places rank 0 (the entry point's -H list starts
+    there); in a one-group job the first of SM_HOSTS. From SM_TRAINING_ENV where a rank has it,
+    else from the group variables every rank has (the ssh launch gives a worker's ranks no
+    SM_TRAINING_ENV)."""
+    training_env = _json(env, "SM_TRAINING_ENV")
+    if isinstance(training_env, dict) and isinstance(training_env.get("master_hostname"), str):
+        return str(training_env["master_hostname"])
+    distribution = _json(env, "SM_DISTRIBUTION_INSTANCE_GROUPS")
+    groups = _json(env, "SM_INSTANCE_GROUPS_DICT")
+    if isinstance(distribution, list) and distribution and isinstance(groups, dict):
+        hosts = groups.get(distribution[0], {}).get("hosts")
+        if isinstance(hosts, list) and hosts and isinstance(hosts[0], str):
+            return hosts[0]
+    return None
+
+
 def _master_addr(env: Mapping[str, str], *, one_host: bool) -> str:
-    """mpirun places rank 0 on the first host of its host list, which the entry point builds
-    from SM_HOSTS in order (entrypoint/plan.py build_mpirun_argv)."""
+    """Rank 0's host: mpirun places rank 0 on the first host of its host list, which the entry
+    point builds from the distribution group's hosts, its master first (launches/mpi/plan.py).
+    In a heterogeneous job that is not SM_HOSTS[0]."""
     if one_host:
         return "127.0.0.1"
-    try:
-        hosts = json.loads(env.get("SM_HOSTS", "[]"))
-    except json.JSONDecodeError as error:
-        raise LaunchError(f"SM_HOSTS is not a JSON list of host names: {error}") from None
+    master = _distribution_master(env)
+    if master is not None:
+        return master
+    hosts = _json(env, "SM_HOSTS", "a JSON list of host names")
     if not isinstance(hosts, list) or not hosts or not all(isinstance(h, str) for h in hosts):
         raise LaunchError(
             "smddp: MASTER_ADDR is not set and SM_HOSTS names no hosts: cannot find rank 0's host"
         )
-    return hosts[0]
+    return str(hosts[0])
 
 
 def missing_environment(env: Mapping[str, str]) -> dict[str, str]:
