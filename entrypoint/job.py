@@ -172,6 +172,10 @@ class ProcessesLaunch:
             raise ValueError("a ProcessesLaunch runs at least one process per host")
         if self.verdict is VerdictRule.MASTER_PART:
             raise ValueError("every host reports its exit here: the master's part cannot decide")
+        names = [process.task for process in self.processes]
+        if len(names) > 1 and (None in names or len(set(names)) < len(names)):
+            # Each is one task of the host's part, known by its name (TaskGroupPart).
+            raise ValueError(f"several processes on one host need distinct task names: {names}")
 
     @property
     def command(self) -> tuple[str, ...]:

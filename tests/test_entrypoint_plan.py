@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -9,7 +10,7 @@ from typing import Any
 import pytest
 
 from entrypoint.contract import Backend, ContractError, parse_contract
-from entrypoint.host.children import OutputTail, torchrun_root_cause
+from entrypoint.host.children import ChildProcess, OutputTail, torchrun_root_cause
 from entrypoint.job import HostProcess, ProcessesLaunch, VerdictRule, format_command, is_exportable
 from entrypoint.launches import LAUNCHES, local_part, ranks_per_host
 from entrypoint.launches.mpi.parts import MpirunPart, OrtedPart, mpi_rank_error
@@ -341,6 +342,28 @@ def test_make_plan_chooses_one_launch_per_backend(hyperparameters, current, expe
             assert process.env["SM_HVD_BACKEND"] == plan.backend.value
         else:
             assert process.env == plan.environment
+
+
+def test_processes_on_one_host_have_distinct_task_names():
+    """Two untasked processes were both named "None" by local_part, and one of them silently
+    vanished from the host's part."""
+    one, two = HostProcess(("a",), {}, None), HostProcess(("b",), {}, None)
+    with pytest.raises(ValueError, match="distinct task names"):
+        ProcessesLaunch((one, two))
+    with pytest.raises(ValueError, match="distinct task names"):
+        ProcessesLaunch(
+            (dataclasses.replace(one, task="w:0"), dataclasses.replace(two, task="w:0"))
+        )
+    named = ProcessesLaunch(
+        (dataclasses.replace(one, task="w:0"), dataclasses.replace(two, task="w:1"))
+    )
+    assert [process.task for process in named.processes] == ["w:0", "w:1"]
+    with pytest.raises(ValueError, match="distinct names"):
+        TaskGroupPart(
+            [("None", ChildProcess(("a",), {}, None)), ("None", ChildProcess(("b",), {}, None))],
+            None,
+            "algo-1",
+        )
 
 
 def test_every_backend_has_one_launch():

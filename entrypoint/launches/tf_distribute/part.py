@@ -40,6 +40,8 @@ class TaskGroupPart(PartBase):
         verdict: VerdictRule = VerdictRule.EVERY_HOST,
     ) -> None:
         self._tasks = dict(tasks)
+        if len(self._tasks) < len(tasks):
+            raise ValueError(f"a host's tasks need distinct names: {[name for name, _ in tasks]}")
         self._chief = chief
         self._host = host
         self.verdict = verdict
