@@ -24,11 +24,18 @@ class PrivateUnixServer:
             def handle(self) -> None:
                 handle(self.request)
 
-        previous = os.umask(0o177)
+        # Bind, make the socket 0600, only then listen: no connection before the mode is set, and
+        # no process-wide umask flipped while other threads create files.
+        self._server = socketserver.ThreadingUnixStreamServer(
+            str(path), Handler, bind_and_activate=False
+        )
         try:
-            self._server = socketserver.ThreadingUnixStreamServer(str(path), Handler)
-        finally:
-            os.umask(previous)
+            self._server.server_bind()
+            os.chmod(path, 0o600)
+            self._server.server_activate()
+        except OSError:
+            self._server.server_close()
+            raise
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, name=name, daemon=True)
         self._thread.start()

@@ -1,0 +1,39 @@
+"""The private Unix server (entrypoint/host/unixserver.py): a 0600 socket, set up without
+touching the process-wide umask (other threads run while it starts: the channel's)."""
+
+from __future__ import annotations
+
+import socket
+import stat
+
+import pytest
+
+from entrypoint.host import unixserver
+
+
+def test_the_socket_is_private_and_the_umask_untouched(tmp_path, monkeypatch):
+    def no_umask(_mask: int) -> int:
+        raise AssertionError("the process-wide umask was changed")
+
+    monkeypatch.setattr(unixserver.os, "umask", no_umask)
+    path = tmp_path / "s.sock"
+    server = unixserver.PrivateUnixServer(path, lambda conn: conn.sendall(b"hi"), "test")
+    try:
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
+            client.settimeout(5)
+            client.connect(str(path))
+            assert client.recv(2) == b"hi"
+    finally:
+        server.close()
+    assert not path.exists()
+
+
+def test_a_path_in_use_fails_and_leaves_no_server(tmp_path):
+    path = tmp_path / "s.sock"
+    first = unixserver.PrivateUnixServer(path, lambda conn: None, "first")
+    try:
+        with pytest.raises(OSError):
+            unixserver.PrivateUnixServer(path, lambda conn: None, "second")
+    finally:
+        first.close()
