@@ -158,3 +158,10 @@ def test_a_stopped_supervisor_cannot_cut_its_ranks_checkpoints_short(tmp_path):
     finally:
         part.end()
         part.close()
+
+
+def test_not_run_is_one_exit_code():
+    """The rank shim and the rsh agent (two standalone scripts) say "not run" alike."""
+    from entrypoint.launches.mpi import rsh_agent  # noqa: PLC0415
+
+    assert rank_shim.NOT_RUN_EXIT_CODE == rsh_agent.NOT_RUN_EXIT_CODE == 127

@@ -470,7 +470,7 @@ def test_a_refused_command_and_an_unknown_host_exit_non_zero(cluster, capfd):
     assert "refused: '/opt/evil' is not the prefix of" in capfd.readouterr().err
 
 
-def test_the_agent_without_its_socket_exits_255(monkeypatch, capfd):
+def test_the_agent_without_its_socket_exits_not_run(monkeypatch, capfd):
     monkeypatch.delenv(AGENT_SOCKET_ENV, raising=False)
     assert rsh_agent.main(["algo-2", " orted"]) == NOT_RUN_EXIT_CODE
     assert "usage" in capfd.readouterr().err

@@ -4,7 +4,7 @@
 mpirun (OpenMPI 4.1 plm_rsh) runs it instead of ssh with the host and the orted command; it
 hands both to the master's entry point (remote_shell.AgentRelay, socket in $SMH_RSH_AGENT_SOCKET)
 and exits with the remote orted's exit code, printing orted's last output. Any failure to get
-an answer exits 255, as ssh does: mpirun then aborts the job.
+an answer exits 127 ("not run", as the rank shim does): mpirun then aborts the job.
 
 One agent runs on the master per worker for the whole job (its session lasts as long as that
 orted), and mpirun starts them all at once, so the agent is this file run as a script by
@@ -24,8 +24,10 @@ from collections.abc import Sequence
 
 # Where the agent finds the master's relay socket (set in mpirun's environment only).
 AGENT_SOCKET_ENV = "SMH_RSH_AGENT_SOCKET"
-# Exit code for "no orted ran": a refused command, a lost worker, a broken relay (ssh's 255).
-NOT_RUN_EXIT_CODE = 255
+# Exit code for "no orted ran": a refused command, a lost worker, a broken relay. The rank shim's
+# value (host/rank_shim.py; neither script imports the other): a shell's "could not run". mpirun
+# reads any non-zero code of its remote shell alike (plm_rsh: "daemon died unexpectedly").
+NOT_RUN_EXIT_CODE = 127
 
 
 def agent_request(host: str, words: Sequence[str]) -> bytes:
