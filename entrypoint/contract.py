@@ -29,10 +29,8 @@ from smcommon import names
 RANKS_PER_HOST = "ranks_per_host"
 HOST_WAIT_TIMEOUT = "host_wait_timeout"
 SIGTERM_GRACE_SECONDS = "sigterm_grace_seconds"
-# How mpirun starts orted on the workers: "channel" (the default: our rsh agent over the
-# coordination channel, no sshd) or "ssh" (sshd on every host): plan.RemoteShell.
+# How mpirun starts orted on the workers: RemoteShell below.
 MPI_REMOTE_SHELL = "mpi_remote_shell"
-REMOTE_SHELLS = ("channel", "ssh")
 # Seconds the channel launch waits for every worker's orted to call back to mpirun (which has
 # no such deadline of its own); default 60 s + 1 s per host (plan.default_callback_timeout_s).
 ORTED_CALLBACK_TIMEOUT = "orted_callback_timeout"
@@ -124,6 +122,16 @@ class ContractError(ValueError):
     """The SageMaker contract is unusable; the message is one line naming the source."""
 
 
+class RemoteShell(enum.Enum):
+    """How mpirun starts orted on a worker (the `mpi_remote_shell` hyperparameter)."""
+
+    # ssh to an sshd on every host, with per-job keys and an ssh readiness round.
+    SSH = "ssh"
+    # The default. Our rsh agent (launches/mpi/rsh_agent.py): the master asks the worker over
+    # the coordination channel to start orted; no sshd, keys or readiness round anywhere.
+    CHANNEL = "channel"
+
+
 class Backend(enum.Enum):
     """How the user asked the program to run across the hosts (the SDK's distribution); what
     that means for the processes is the plan's Launch (plan.make_plan)."""
@@ -213,8 +221,8 @@ class EntrypointSettings:
     custom_mpi_options: tuple[str, ...] = ()
     # sagemaker_container_log_level: the entry point's logging level (the toolkit's meaning).
     log_level: int = logging.INFO
-    # mpi_remote_shell: one of REMOTE_SHELLS.
-    remote_shell: str = "channel"
+    # mpi_remote_shell.
+    remote_shell: RemoteShell = RemoteShell.CHANNEL
     # orted_callback_timeout; None: the default for the job's host count.
     orted_callback_timeout_s: float | None = None
     # parameter_server_layout: one of PS_LAYOUTS (Backend.PARAMETER_SERVER only).
@@ -591,7 +599,9 @@ def parse_entrypoint_settings(hyperparameters: Mapping[str, Any]) -> EntrypointS
             if LOG_LEVEL_PARAM in hyperparameters
             else logging.INFO
         ),
-        remote_shell=_remote_shell(hyperparameters.get(MPI_REMOTE_SHELL, "channel")),
+        remote_shell=_remote_shell(
+            hyperparameters.get(MPI_REMOTE_SHELL, RemoteShell.CHANNEL.value)
+        ),
         orted_callback_timeout_s=(
             seconds(ORTED_CALLBACK_TIMEOUT, 0.0)
             if ORTED_CALLBACK_TIMEOUT in hyperparameters
@@ -616,13 +626,13 @@ def _ps_layout(hyperparameters: Mapping[str, Any], backend: Backend) -> str:
     return text
 
 
-def _remote_shell(value: Any) -> str:
+def _remote_shell(value: Any) -> RemoteShell:
     text = hyperparameter_text(value).strip().lower()
-    if text not in REMOTE_SHELLS:
-        raise ContractError(
-            f"{MPI_REMOTE_SHELL}={value!r}: expected one of {', '.join(REMOTE_SHELLS)}"
-        )
-    return text
+    try:
+        return RemoteShell(text)
+    except ValueError:
+        choices = ", ".join(shell.value for shell in RemoteShell)
+        raise ContractError(f"{MPI_REMOTE_SHELL}={value!r}: expected one of {choices}") from None
 
 
 def program_hyperparameters(

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import ClassVar
 
-from entrypoint.contract import Backend
+from entrypoint.contract import Backend, RemoteShell
 
 # Variables forwarded to every rank: exact names, then prefixes.
 _FORWARD_NAMES = frozenset(
@@ -68,7 +68,7 @@ class JobShape:
     # sagemaker_mpi_custom_mpi_options, already split: appended to mpirun's own options.
     custom_mpi_options: tuple[str, ...] = ()
     # How mpirun reaches the workers (Backend.MPI only).
-    remote_shell: str = "ssh"
+    remote_shell: RemoteShell = RemoteShell.CHANNEL
     # The interpreter program_argv starts a Python program with.
     python: str = "python"
     # The channel launch's call-back deadline (orted_callback_timeout); None: the default.

@@ -26,7 +26,6 @@ from entrypoint.contract import (
 from entrypoint.host.ranks import RANK_SOCKET_ENV, RANK_SOCKET_PATH
 from entrypoint.job import JobShape, format_command
 from entrypoint.launches import LAUNCHES, PROGRAM_HOST, Launch
-from entrypoint.launches.mpi.plan import RemoteShell
 from entrypoint.launches.tf_distribute.layouts import PsLayout
 from smcommon.names import JOB_SECRET_ENV, OLD_JOB_SECRET_ENV
 
@@ -106,7 +105,7 @@ def make_plan(
         working_dir=working_dir,
         backend=backend,
         custom_mpi_options=contract.settings.custom_mpi_options,
-        remote_shell=RemoteShell(contract.settings.remote_shell).value,
+        remote_shell=contract.settings.remote_shell,
         python=python,
         orted_callback_timeout_s=contract.settings.orted_callback_timeout_s,
         ps_layout=PsLayout(contract.settings.ps_layout).value,

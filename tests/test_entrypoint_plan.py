@@ -9,15 +9,27 @@ from typing import Any
 
 import pytest
 
-from entrypoint.contract import Backend, ContractError, parse_contract
+from entrypoint.contract import (
+    Backend,
+    ContractError,
+    EntrypointSettings,
+    RemoteShell,
+    parse_contract,
+)
 from entrypoint.host.children import ChildProcess, OutputTail, torchrun_root_cause
-from entrypoint.job import HostProcess, ProcessesLaunch, VerdictRule, format_command, is_exportable
+from entrypoint.job import (
+    HostProcess,
+    JobShape,
+    ProcessesLaunch,
+    VerdictRule,
+    format_command,
+    is_exportable,
+)
 from entrypoint.launches import LAUNCHES, local_part, ranks_per_host
 from entrypoint.launches.mpi.parts import MpirunPart, OrtedPart, mpi_rank_error
 from entrypoint.launches.mpi.plan import (
     CallbackDeadline,
     MpiLaunch,
-    RemoteShell,
     build_mpirun_argv,
     default_callback_timeout_s,
     mpi_rank_hosts,
@@ -364,6 +376,16 @@ def test_processes_on_one_host_have_distinct_task_names():
             None,
             "algo-1",
         )
+
+
+def test_the_remote_shell_has_one_default_the_channel():
+    """The contract said "channel", JobShape "ssh" and MpiLaunch RemoteShell.SSH."""
+    defaults = {
+        kind.__name__: next(f.default for f in dataclasses.fields(kind) if f.name == "remote_shell")
+        for kind in (EntrypointSettings, JobShape, MpiLaunch)
+    }
+    assert defaults == dict.fromkeys(defaults, RemoteShell.CHANNEL)
+    assert contract().settings.remote_shell is RemoteShell.CHANNEL
 
 
 def test_every_backend_has_one_launch():

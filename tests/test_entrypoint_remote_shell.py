@@ -28,6 +28,7 @@ from entrypoint.channel.protocol import (
     message_to_json,
 )
 from entrypoint.channel.session import ChannelTiming
+from entrypoint.contract import RemoteShell
 from entrypoint.host.ranks import RANK_SOCKET_ENV
 from entrypoint.launches.mpi import rsh_agent
 from entrypoint.launches.mpi.orted_command import (
@@ -37,7 +38,7 @@ from entrypoint.launches.mpi.orted_command import (
     parse_orted_command,
 )
 from entrypoint.launches.mpi.parts import MpirunPart
-from entrypoint.launches.mpi.plan import CallbackDeadline, MpiLaunch, RemoteShell
+from entrypoint.launches.mpi.plan import CallbackDeadline, MpiLaunch
 from entrypoint.launches.mpi.remote_shell import (
     REMOTE_SHELL_CATALOG,
     AgentRelay,

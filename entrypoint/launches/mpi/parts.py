@@ -29,10 +29,11 @@ import psutil
 
 from entrypoint.channel.protocol import Catalog
 from entrypoint.channel.session import Handlers
+from entrypoint.contract import RemoteShell
 from entrypoint.host.children import KILL_WAIT_S, ChildProcess
 from entrypoint.host.ranks import RANK_SOCKET_ENV, RankRegistry
 from entrypoint.job import VerdictRule
-from entrypoint.launches.mpi.plan import CallbackDeadline, MpiLaunch, RemoteShell
+from entrypoint.launches.mpi.plan import CallbackDeadline, MpiLaunch
 from entrypoint.launches.mpi.remote_shell import (
     CALLBACK_MISSED_EXIT_CODE,
     REMOTE_SHELL_CATALOG,

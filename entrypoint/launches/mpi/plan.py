@@ -10,10 +10,10 @@ values stay out of argv and logs.
 from __future__ import annotations
 
 import dataclasses
-import enum
 from collections.abc import Mapping
 from typing import ClassVar, assert_never
 
+from entrypoint.contract import RemoteShell
 from entrypoint.host.ranks import RANK_SHIM
 from entrypoint.job import JobShape, VerdictRule, is_exportable
 
@@ -40,16 +40,6 @@ LARGE_CLUSTER_HOSTS = 64
 _RSH_ARGS = (
     "-o ConnectTimeout=10 -o ConnectionAttempts=3 -o ServerAliveInterval=2 -o ServerAliveCountMax=3"
 )
-
-
-class RemoteShell(enum.Enum):
-    """How mpirun starts orted on a worker (the `mpi_remote_shell` hyperparameter)."""
-
-    # ssh to an sshd on every host, with per-job keys and an ssh readiness round.
-    SSH = "ssh"
-    # Our rsh agent (rsh_agent.py): the master asks the worker over the coordination channel
-    # to start orted (orted_command.py); no sshd, keys or readiness round anywhere.
-    CHANNEL = "channel"
 
 
 # The rsh agent mpirun runs instead of ssh (a console script of ours, on PATH on every host:
@@ -85,7 +75,7 @@ class MpiLaunch:
     # The full mpirun command and the environment it runs with (on the master).
     argv: tuple[str, ...]
     env: Mapping[str, str]
-    remote_shell: RemoteShell = RemoteShell.SSH
+    remote_shell: RemoteShell = RemoteShell.CHANNEL
     # The hosts mpirun starts orted on (none: a one-host job, no sshd, no relay).
     worker_hosts: tuple[str, ...] = ()
     # The host of each rank (index = rank), for failure lines; () where unknown (mpi_rank_hosts).
@@ -109,7 +99,7 @@ class MpiLaunch:
 def mpi_launch(shape: JobShape, env: Mapping[str, str]) -> MpiLaunch:
     """Backend.MPI: one mpirun over every host; each rank registers with its host's entry point
     (ranks.RANK_SHIM), which owns it."""
-    remote_shell = RemoteShell(shape.remote_shell)
+    remote_shell = shape.remote_shell
     argv = tuple(build_mpirun_argv(shape, env))
     deadline = None
     if remote_shell is RemoteShell.CHANNEL and shape.worker_hosts:
@@ -139,7 +129,7 @@ def build_mpirun_argv(plan: JobShape, env: Mapping[str, str]) -> list[str]:
         "-H", host_list,
         "-mca", "btl_tcp_if_include", interface,
         "-mca", "oob_tcp_if_include", interface,
-        *remote_shell_flags(RemoteShell(plan.remote_shell), len(plan.hosts)),
+        *remote_shell_flags(plan.remote_shell, len(plan.hosts)),
     ]  # fmt: skip
     if plan.working_dir is not None:
         argv += ["-wdir", str(plan.working_dir)]
