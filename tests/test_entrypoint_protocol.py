@@ -33,11 +33,11 @@ from entrypoint.channel.protocol import (
     challenge_frame,
     derive_job_key,
     hello_frame,
+    host_verdict,
     message_from_json,
     message_to_json,
     parse_challenge,
     parse_hello,
-    per_host_verdict,
     session_key,
     silent_peers,
     suspect_peers,
@@ -337,7 +337,7 @@ HOSTS = ("algo-1", "algo-2", "algo-3")
     ],
 )  # fmt: skip
 def test_per_host_verdict(exits, stopping, verdict):
-    assert per_host_verdict(HOSTS, exits, stopping=stopping) == verdict
+    assert host_verdict(HOSTS, exits, stopping=stopping) == verdict
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from entrypoint.channel.coordination import CHANNEL_PORT
-from entrypoint.channel.protocol import Exited, Verdict, chief_verdict
+from entrypoint.channel.protocol import Exited, Verdict, host_verdict
 from entrypoint.contract import Backend, ContractError, parse_contract
 from entrypoint.host.children import ChildProcess
 from entrypoint.job import ProcessesLaunch, VerdictRule
@@ -460,7 +460,7 @@ FAILED_2 = Exited(
     ],
 )
 def test_chief_verdict(exits, stopping, verdict):
-    assert chief_verdict(HOSTS, exits, "algo-1", stopping=stopping) == verdict
+    assert host_verdict(HOSTS, exits, chief="algo-1", stopping=stopping) == verdict
 
 
 # --------------------------------------------------------------------------------------------

@@ -278,7 +278,7 @@ class _Outcome(Message):
 
 @dataclasses.dataclass(frozen=True)
 class Exited(_Outcome):
-    """A worker's local part of the job ended (launchers where every host runs processes)."""
+    """A worker's local part of the job ended (where every host runs its own processes)."""
 
     TYPE = "exited"
     TRAVELS = frozenset({Direction.TO_MASTER})
@@ -569,21 +569,3 @@ def host_verdict(
         Reason.TRAINING_FAILED, f"the program exited with code {code}", host
     )
     return Verdict(code, failure)
-
-
-def per_host_verdict(
-    hosts: tuple[str, ...], exits: Mapping[str, Exited], *, stopping: bool = False
-) -> Verdict | None:
-    """Every host's part counts alike (host_verdict without a chief)."""
-    return host_verdict(hosts, exits, stopping=stopping)
-
-
-def chief_verdict(
-    hosts: tuple[str, ...],
-    exits: Mapping[str, Exited],
-    chief_host: str,
-    *,
-    stopping: bool = False,
-) -> Verdict | None:
-    """The chief host's success ends the job (host_verdict with a chief)."""
-    return host_verdict(hosts, exits, chief=chief_host, stopping=stopping)

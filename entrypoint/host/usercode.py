@@ -3,7 +3,8 @@
 The code is fetched from `sagemaker_submit_directory` (an s3:// tarball) unless SageMaker
 already placed it in /opt/ml/code, then its requirements.txt is installed with pip; a failure
 of either is one line naming the package or the source, before any host serves ssh or reports
-ready. The only module besides `supervise` and `launchers` that starts a process (pip).
+ready. It starts pip, the one process the entry point runs outside a part (the parts start
+theirs as host/children.py's ChildProcess, or under launches/mpi/).
 """
 
 from __future__ import annotations
