@@ -181,8 +181,12 @@ def run(env: Mapping[str, str], paths: ContractPaths) -> int:
         log.info("instance groups: %s", describe_roles(contract, plan.roles))
     for line in launch_lines(plan):
         log.info("%s", line)
-    with handlers.setting_up():
-        job_key = prepare(contract, plan, env)
+    try:
+        with handlers.setting_up():
+            job_key = prepare(contract, plan, env)
+    except supervise.SetupStopped as stopped:
+        stopped.host = contract.current_host
+        raise
     config = supervise.ShellConfig(
         output_dir=paths.output_dir,
         host_wait_timeout_s=contract.settings.host_wait_timeout_s,
@@ -212,7 +216,7 @@ def _run_reporting_failures(env: Mapping[str, str], paths: ContractPaths) -> int
         failure = Failure(
             Reason.STOPPED,
             f"stopped by {stopped.signal_name} during set-up",
-            env.get("SM_CURRENT_HOST"),
+            stopped.host,
         )
         log.error("%s", failure.line)
         record_failure(paths.output_dir, failure)

@@ -639,6 +639,8 @@ class SetupStopped(BaseException):
     def __init__(self, signal_name: str) -> None:
         super().__init__(signal_name)
         self.signal_name = signal_name
+        # The host it happened on, once known (the contract names it).
+        self.host: str | None = None
 
 
 class StopHandlers:

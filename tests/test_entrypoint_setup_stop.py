@@ -85,7 +85,7 @@ def test_a_stop_during_set_up_is_one_stopped_line_and_143(
     monkeypatch.setattr(main, "_log_job", lambda _contract: None)
     paths = ContractPaths(tmp_path)
     started = time.monotonic()
-    code = main._run_reporting_failures({"SM_CURRENT_HOST": "algo-2"}, paths)
+    code = main._run_reporting_failures({}, paths)
     assert code == STOPPED_EXIT_CODE
     assert time.monotonic() - started < 10
     assert (paths.output_dir / "failure").read_text() == (
