@@ -9,9 +9,13 @@ theirs as host/children.py's ChildProcess, or under launches/mpi/).
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import signal
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from entrypoint.contract import ContractError, ContractPaths, UserScript
@@ -20,29 +24,62 @@ from smcommon.pipoutput import failed_requirement, last_error_line
 log = logging.getLogger("entrypoint")
 
 REQUIREMENTS_FILE = "requirements.txt"
+# How long pip gets to exit on SIGTERM when the host stops during its install.
+GROUP_END_WAIT_S = 2.0
 
 
-def install_requirements(code_dir: Path) -> None:
+def install_requirements(code_dir: Path, name: str = REQUIREMENTS_FILE) -> None:
     """What the toolkit does for script mode (entry_point.install): pip install -r
-    requirements.txt from the source directory, into the image's Python, on every host."""
-    requirements = code_dir / REQUIREMENTS_FILE
+    requirements.txt (or SDK v3's SourceCode.requirements) from the source directory, into the
+    image's Python, on every host."""
+    requirements = code_dir / name
     if not requirements.is_file():
         return
-    log.info("installing %s from the source directory", REQUIREMENTS_FILE)
+    log.info("installing %s from the source directory", name)
     command = [
         sys.executable, "-m", "pip", "install", "--no-input", "--disable-pip-version-check",
-        "--progress-bar", "off", "-r", REQUIREMENTS_FILE,
+        "--progress-bar", "off", "-r", name,
     ]  # fmt: skip
-    result = subprocess.run(
-        command, cwd=code_dir, capture_output=True, text=True, check=False, stdin=subprocess.DEVNULL
-    )
-    for line in (result.stdout + result.stderr).splitlines():
+    returncode, output = run_own_group(command, code_dir)
+    for line in output.splitlines():
         log.info("pip: %s", line)
-    if result.returncode != 0:
-        output = result.stdout + result.stderr
+    if returncode != 0:
         package = failed_requirement(output)
         what = f"cannot install {package}" if package else "pip install failed"
-        raise ContractError(f"{REQUIREMENTS_FILE}: {what} ({last_error_line(output)})")
+        raise ContractError(f"{name}: {what} ({last_error_line(output)})")
+
+
+def run_own_group(command: Sequence[str], cwd: Path) -> tuple[int, str]:
+    """Run `command` in its own session and return its exit code and output (stdout, then
+    stderr). Whatever interrupts the wait (a stop during set-up raises SetupStopped here) ends
+    the command's whole process group first: pip's build backends and compilers are its
+    children, and ours to end."""
+    process = subprocess.Popen(
+        command,
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        stdout, stderr = process.communicate()
+    except BaseException:
+        _end_group(process)
+        raise
+    return process.returncode, stdout + stderr
+
+
+def _end_group(process: subprocess.Popen[str]) -> None:
+    """SIGTERM to the group, GROUP_END_WAIT_S for the leader, then SIGKILL to the group."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        process.wait(GROUP_END_WAIT_S)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
 
 
 def prepare_user_code(program: UserScript, paths: ContractPaths) -> None:
@@ -66,4 +103,4 @@ def prepare_user_code(program: UserScript, paths: ContractPaths) -> None:
             f"sagemaker_program {program.program}: no such file in {paths.code_dir}"
         )
     # Before this host serves ssh or reports ready: a failed install fails the job here.
-    install_requirements(paths.code_dir)
+    install_requirements(paths.code_dir, program.requirements)
