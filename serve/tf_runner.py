@@ -41,10 +41,15 @@ class Loaded:
 
 
 def load_archive(
-    model_dir: Path, default_model: str | None = None, *, name: str | None = None
+    model_dir: Path,
+    default_model: str | None = None,
+    *,
+    name: str | None = None,
+    code: Path | None = None,
 ) -> Loaded:
     """Every model and version under `model_dir`, and its code/inference.py's hooks. `name`:
-    a multi-model endpoint's name for the one model the folder holds."""
+    a multi-model endpoint's name for the one model the folder holds; `code`: its code folder
+    when that is not the model's own code/."""
     archive = scan(model_dir, default_model)
     if name is not None:
         if len(archive.catalog.models) != 1:
@@ -55,7 +60,7 @@ def load_archive(
         labels = {name: archive.labels[found_name]} if found_name in archive.labels else {}
         catalog = dataclasses.replace(archive.catalog, models=(entry,), default=name)
         archive = dataclasses.replace(archive, catalog=catalog, labels=labels)
-    return Loaded(load_registry(archive), hooks.load_hooks(model_dir))
+    return Loaded(load_registry(archive), hooks.load_hooks(model_dir, code))
 
 
 def compose(loaded: Loaded, settings: Settings, *, port: int | None = None) -> Runner:
