@@ -6,6 +6,7 @@ python -m bench --only accuracy  # one measurement, merged into the existing res
 python -m bench --only serving   # serve vs Flask, KServe, MLServer, a floor (~12 min)
 python -m bench --only strategies  # Horovod vs MultiWorkerMirroredStrategy, and the MWMS fault
 python -m bench --only torch       # our torch backend vs bare torchrun (--torch-image)
+python -m bench --only watchdog    # what stall detection costs a healthy job (off vs default)
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from bench.serving import ServingResult, measure_serving
 from bench.strategies import StrategiesResult, measure_strategies
 from bench.torch_backend import DEFAULT_IMAGE as DEFAULT_TORCH_IMAGE
 from bench.torch_backend import TorchResult, image_exists, measure_torch
+from bench.watchdog import WatchdogResult, measure_watchdog
 from bench.workspace import Workspace, workspace
 
 log = logging.getLogger("bench")
@@ -47,6 +49,7 @@ MEASUREMENTS = (
     "serving",
     "strategies",
     "torch",
+    "watchdog",
 )
 # Which field of Results each measurement fills (for --only's merge).
 RESULT_FIELDS = {
@@ -59,6 +62,7 @@ RESULT_FIELDS = {
     "serving": "serving",
     "strategies": "strategies",
     "torch": "torch_backend",
+    "watchdog": "watchdog",
 }
 # How long a fault run waits for the surviving hosts: the toolkit's workers poll for the
 # master's status file every 30 s and check the master only every 2 minutes.
@@ -178,6 +182,7 @@ def run(settings: Settings) -> Results:
     serving: ServingResult | None = None
     strategies: StrategiesResult | None = None
     torch_backend: TorchResult | None = None
+    watchdog: WatchdogResult | None = None
     if "serving" not in settings.skip:
         serving = measure_serving(settings.docker, settings.image, quick=settings.quick)
     with workspace(settings.docker, settings.image, keep=settings.keep_scratch) as space:
@@ -195,6 +200,8 @@ def run(settings: Settings) -> Results:
             strategies = measure_strategies(space, quick=settings.quick)
         if "torch" not in settings.skip:
             torch_backend = _measure_torch(space, settings)
+        if "watchdog" not in settings.skip:
+            watchdog = measure_watchdog(space, quick=settings.quick)
         if settings.only in {None, "rebuild"}:
             image = measure_image(
                 settings.docker, settings.image, space.root, rebuild="rebuild" not in settings.skip
@@ -213,6 +220,7 @@ def run(settings: Settings) -> Results:
         serving=serving,
         strategies=strategies,
         torch_backend=torch_backend,
+        watchdog=watchdog,
     )
 
 

@@ -49,6 +49,7 @@ from bench.torch_backend import (
     overhead_summaries,
     torch_goals,
 )
+from bench.watchdog import WatchdogResult, watchdog_from_json, watchdog_lines
 
 COLORS = {
     Launcher.OURS: "#1b9e77",
@@ -77,6 +78,7 @@ class Results:
     serving: ServingResult | None = None
     strategies: StrategiesResult | None = None
     torch_backend: TorchResult | None = None
+    watchdog: WatchdogResult | None = None
 
     @property
     def overhead(self) -> list[OverheadSummary]:
@@ -363,6 +365,7 @@ def to_markdown(results: Results) -> str:
         *serving_lines(results.serving),
         *strategies_lines(results.strategies),
         *_torch_lines(results.torch_backend),
+        *watchdog_lines(results.watchdog),
     ]
     return "\n".join(lines).rstrip() + "\n"
 
@@ -466,6 +469,7 @@ def load_results(path: Path) -> Results:
         serving=serving_from_json(raw.get("serving")),
         strategies=strategies_from_json(raw.get("strategies")),
         torch_backend=_torch_from(raw.get("torch_backend")),
+        watchdog=watchdog_from_json(raw.get("watchdog")),
     )
 
 
