@@ -1,12 +1,15 @@
 """Shared fixtures. Docker tests skip where no engine or image is reachable, but FAIL in CI
-(CI=true), where a silent skip would hide that nothing was proven."""
+(CI=true), where a silent skip would hide that nothing was proven: whatever skips a test marked
+`docker` in CI (a fixture, a skipif, a pytest.skip in the test) turns into a failure here."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
+import shutil
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import pytest
@@ -42,11 +45,51 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         marker.kwargs.get("image", image_name()) if marker.kwargs.get("needs_image", True) else None
     )
     problem = _docker_problem(os.environ.get("DOCKER", "docker"), image)
-    if problem is None:
-        return
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"docker test cannot run in CI: {problem}", pytrace=False)
+    if problem is not None:
+        skip_or_fail(f"docker test cannot run: {problem}")
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI") == "true"
+
+
+def skip_or_fail(problem: str) -> None:
+    """Skip the test for `problem` on a developer's machine; fail it in CI."""
+    if in_ci():
+        pytest.fail(problem, pytrace=False)
     pytest.skip(problem)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """In CI, a skipped docker test is a failed one, whatever skipped it: CI must not pass
+    without proving what those tests claim."""
+    report = yield
+    if report.skipped and in_ci() and item.get_closest_marker("docker") is not None:
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
+        report.outcome = "failed"
+        report.longrepr = f"docker test skipped in CI (CI=true): {reason}"
+    return report
+
+
+@functools.cache
+def compose_available() -> bool:
+    """What the SageMaker SDK's local mode runs (sagemaker/local/image.py
+    _get_compose_cmd_prefix): the docker-compose binary, or the `docker compose` v2 plugin."""
+    if shutil.which("docker-compose"):
+        return True
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        result = subprocess.run(
+            ["docker", "compose", "version"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+        return "v2" in result.stdout
+    return False
 
 
 def image_name() -> str:

@@ -26,7 +26,7 @@ from harness.serving import (
     post,
     train_digits_model,
 )
-from tests.conftest import image_name
+from tests.conftest import compose_available, image_name, skip_or_fail
 
 pytestmark = pytest.mark.docker
 
@@ -262,14 +262,13 @@ NO_TELEMETRY = {
 def sdk_session(
     monkeypatch: pytest.MonkeyPatch, fake_aws_credentials: None, tmp_path: Path, docker: str
 ) -> Iterator[object]:
-    import shutil  # noqa: PLC0415
     import subprocess  # noqa: PLC0415
 
     import boto3  # noqa: PLC0415 - after the fake credentials are in place
     from sagemaker.local import LocalSession  # noqa: PLC0415
 
-    if shutil.which("docker-compose") is None:
-        pytest.skip("docker-compose is not installed (local mode needs it)")
+    if not compose_available():
+        skip_or_fail("neither 'docker compose' nor docker-compose is installed (local mode)")
     monkeypatch.setenv("SAGEMAKER_USER_CONFIG_OVERRIDE", str(tmp_path / "no-user-config.yaml"))
     monkeypatch.setenv("SAGEMAKER_ADMIN_CONFIG_OVERRIDE", str(tmp_path / "no-admin-config.yaml"))
     monkeypatch.chdir(tmp_path)
