@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import os
 import shutil
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from harness.cluster import Cluster
-from harness.digits import make_digits
+from harness.digits import DIGITS_HYPERPARAMETERS, make_digits
 
 
 @functools.cache
@@ -140,3 +141,54 @@ def fake_aws_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
 def digits_dir(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The real digits image data set as PNG class folders: train/validation/test."""
     return make_digits(tmp_path_factory.mktemp("digits"))
+
+
+# The built-in model's single host, as SageMaker names it.
+HOST = "algo-1"
+# Generous: a run takes 20-40 s on 2 cores, but the build machines are shared.
+JOB_TIMEOUT_S = 300
+
+
+@dataclasses.dataclass(frozen=True)
+class ResumedTraining:
+    first: Cluster  # epochs=1
+    second: Cluster  # epochs=6, same checkpoint folder
+    checkpoints: Path
+    digits: dict[str, Path]
+
+    @property
+    def model_dir(self) -> Path:
+        return self.second.ml_root(HOST) / "model"
+
+
+@pytest.fixture(scope="session")
+def resumed(
+    tmp_path_factory: pytest.TempPathFactory, digits_dir: dict[str, Path]
+) -> Iterator[ResumedTraining]:
+    """THE digits model of the test session, trained once and shared (test_model_docker checks
+    the training, test_serve_docker serves it): one epoch, then a second job with epochs=6 on
+    the same checkpoint folder (as managed spot training restarts a job). A resumed run that
+    still reaches the accuracy proves the resume right; each TensorFlow start costs seconds."""
+    root = tmp_path_factory.mktemp("resume")
+    checkpoints = root / "checkpoints"
+    checkpoints.mkdir()
+    clusters: list[Cluster] = []
+    try:
+        for epochs in (1, 6):
+            cluster = Cluster(
+                docker=os.environ.get("DOCKER", "docker"),
+                image=image_name(),
+                root=root / f"epochs-{epochs}",
+                hosts=(HOST,),
+                hyperparameters={**DIGITS_HYPERPARAMETERS, "epochs": str(epochs)},
+                channels=digits_dir,
+                checkpoint_dir=checkpoints,
+            )
+            clusters.append(cluster)
+            cluster.start()
+            code = cluster.wait(JOB_TIMEOUT_S)[HOST]
+            assert code == 0, cluster.describe()
+        yield ResumedTraining(clusters[0], clusters[1], checkpoints, digits_dir)
+    finally:
+        for cluster in clusters:
+            cluster.remove()
