@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import gc
 import os
 import shutil
 import subprocess
@@ -192,3 +193,11 @@ def resumed(
     finally:
         for cluster in clusters:
             cluster.remove()
+
+
+@pytest.fixture(autouse=True)
+def _unfrozen_heap() -> Iterator[None]:
+    """serve's app freezes the heap after a model loads (serve/heap.py); in-process app tests
+    would otherwise leave pytest's own heap frozen, never collected, for every later test."""
+    yield
+    gc.unfreeze()
