@@ -163,8 +163,9 @@ test-unit: venv ## Run the unit tests only (no Docker)
 	$(PY) -m pytest -m "not docker" --junitxml=build/test-results/unit.xml $(PYTEST_ARGS)
 
 .PHONY: facts
-facts: venv ## Measure the images' sizes; render them and the recorded smoke/test times
+facts: venv ## Measure the images' sizes, render them and the recorded smoke/test times; refresh the docs' tables
 	$(PY) -m bench.facts render --docker $(DOCKER) --images $(FACT_IMAGES) --out bench/results
+	$(PY) -m bench.docs
 
 .PHONY: lint
 lint: venv ## ruff, mypy, hadolint, cfn-lint and checkov

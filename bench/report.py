@@ -739,21 +739,29 @@ def scale_markdown(results: ScaleResults) -> str:
         "Failure lines",
     ]  # fmt: skip
     lines = [
+        "## Scale: 4 to 64 hosts",
+        "",
+        "### Goals",
+        "",
         results.header,
         "",
         "Goals are the channel launch's (our default) unless a row names the ssh launch.",
         "",
         *_table(["Goal", "Target", "Measured", "Met"], goals),
+        "### Start and end",
+        "",
         *_table(timing_header, _timing_rows(runs)),
         "Start after every host is up (s), by host count:",
         "",
         *_table(*growth_rows(runs)),
+        "### Cost per host",
+        "",
         *_table(cost_header, _cost_rows(runs)),
     ]
     if process_rows:
         header = ["Hosts", "Launcher", "Master's processes at their most", "Worker's"]
         lines += _table(header, process_rows)
-    lines += _table(fault_header, fault_rows) if fault_rows else []
+    lines += ["### Faults", "", *_table(fault_header, fault_rows)] if fault_rows else []
     return "\n".join(lines).rstrip() + "\n"
 
 
