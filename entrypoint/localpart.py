@@ -117,7 +117,8 @@ class OutputTail:
     """Copies a child's output to our stdout line by line and remembers the last lines, so the
     failure file can name the error a rank printed."""
 
-    _MARKERS = ("Error", "error:", "Exception", "FAILED", "Traceback")
+    # "exited on signal": mpirun naming the rank a signal ended (SIGKILL: the OOM killer).
+    _MARKERS = ("Error", "error:", "Exception", "FAILED", "Traceback", "exited on signal")
 
     def __init__(self, stream: IO[bytes], keep: int = 200, prefix: bytes = b"") -> None:
         self._lines: collections.deque[str] = collections.deque(maxlen=keep)

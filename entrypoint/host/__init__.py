@@ -1,0 +1,1 @@
+"""What runs on each host beside the job's processes: its probes and readers."""
