@@ -13,6 +13,10 @@ JSONLINES = "application/jsonlines"
 _STATUS_PREFIX = {400: "Invalid argument", 404: "Not found", 501: "Unimplemented"}
 
 
+class ModelError(Exception):
+    """A model folder the server cannot serve (any runner's); one line naming the file."""
+
+
 class ServeError(Exception):
     """A request (or a load) the server refuses: `status` is the HTTP status, the message one
     line. Every runner, codec and route raises this one type; the app turns it into

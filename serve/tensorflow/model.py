@@ -21,10 +21,17 @@ from typing import Any
 
 import numpy as np
 
-from serve import tfs
 from serve.batching import run_merged, split_rows
-from serve.discovery import LABELS_FILE, SAVED_MODEL, Catalog, ModelEntry, ModelError, discover
 from serve.errors import ServeError
+from serve.tensorflow import tfs
+from serve.tensorflow.discovery import (
+    LABELS_FILE,
+    SAVED_MODEL,
+    Catalog,
+    ModelEntry,
+    ModelError,
+    discover,
+)
 
 __all__ = ["ModelError", "Registry", "load_registry", "scan"]
 
