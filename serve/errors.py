@@ -69,6 +69,11 @@ def error_body(message: str) -> bytes:
     return json.dumps({"error": message}).encode()
 
 
+# TensorFlow's messages can run to pages (a whole graph); one line stays readable.
+ONE_LINE_MAX = 1000
+
+
 def one_line(exc: BaseException) -> str:
-    """'TypeName: message' on one line (for errors that are not ServeError)."""
-    return " ".join(f"{type(exc).__name__}: {exc}".split())
+    """'TypeName: message' on one line, at most ONE_LINE_MAX characters (for errors that are
+    not ServeError): every runner's and the app's, one rule."""
+    return " ".join(f"{type(exc).__name__}: {exc}".split())[:ONE_LINE_MAX]

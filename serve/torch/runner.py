@@ -2,12 +2,13 @@
 pure part and the reference) on torch, in the torch image only (this module imports torch;
 nothing in the TensorFlow images imports it).
 
-One TorchRunner per worker process, made after the fork (app.py's loader): code/lib first on
-the import path, code/inference.py imported, model_fn (or the default TorchScript load) run once
-(`serve` installed code/requirements.txt before any worker started). `PytorchRunner.invoke`
-then does one request in a worker thread: input_fn, predict_fn, output_fn (or transform_fn),
-each the user's or the default. The server around it (routes, /ping, drain, page, settings) is
-the TensorFlow images' own (app.py).
+One LoadedModel (the user's script and its model; not a Runner: PytorchRunner is) per worker
+process, made after the fork (app.py's loader): code/lib first on the import path,
+code/inference.py imported, model_fn (or the default TorchScript load) run once (`serve`
+installed code/requirements.txt before any worker started). `PytorchRunner.invoke` then does one
+request in a worker thread: input_fn, predict_fn, output_fn (or transform_fn), each the user's
+or the default. The server around it (routes, /ping, drain, page, settings) is the TensorFlow
+images' own (app.py).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import anyio.to_thread
 import numpy as np
 import torch
 
-from serve.errors import ModelError, ServeError, media_type, requested_accept
+from serve.errors import ModelError, ServeError, media_type, one_line, requested_accept
 from serve.runner import Incoming, ModelInfo, Outgoing, Runner
 from serve.settings import Settings
 from serve.torch import codec
@@ -43,10 +44,6 @@ class Context:
     model_name: str
     system_properties: Mapping[str, Any]
     request_headers: Mapping[str, str] = dataclasses.field(default_factory=dict)
-
-
-def _one_line(error: BaseException) -> str:
-    return " ".join(f"{type(error).__name__}: {error}".split())
 
 
 def device() -> torch.device:
@@ -68,7 +65,7 @@ def import_script(script: Path) -> ModuleType | None:
         spec.loader.exec_module(module)
     except BaseException as exc:  # noqa: BLE001  (the user's module: even SystemExit stops the start)
         sys.modules.pop(name, None)
-        raise ModelError(f"{script}: {_one_line(exc)}") from None
+        raise ModelError(f"{script}: {one_line(exc)}") from None
     return module
 
 
@@ -121,7 +118,7 @@ def default_output_fn(prediction: Any, accept: str) -> tuple[bytes, str]:
 
 
 @dataclasses.dataclass
-class TorchRunner:
+class LoadedModel:
     """The loaded model and its hooks, for one worker process."""
 
     model: Any
@@ -143,7 +140,7 @@ class TorchRunner:
         except ServeError:
             raise
         except Exception as exc:  # the user's hook: a 500 naming it
-            raise ServeError(500, f"{name} raised {_one_line(exc)}") from exc
+            raise ServeError(500, f"{name} raised {one_line(exc)}") from exc
 
     def invoke(
         self, body: bytes, content_type: str | None, accept: str | None, default_accept: str
@@ -168,7 +165,7 @@ class TorchRunner:
         return codec.as_response(result, accept)
 
 
-def load_runner(model_dir: Path, script: Path, model_name: str = "model") -> TorchRunner:
+def load_model(model_dir: Path, script: Path, model_name: str = "model") -> LoadedModel:
     """Everything a worker does once: the user's script imported, model_fn run (its folder's
     lib/ is on the import path already: app.py)."""
     module = import_script(script)
@@ -198,9 +195,9 @@ def load_runner(model_dir: Path, script: Path, model_name: str = "model") -> Tor
         try:
             model = model_fn(*args)
         except Exception as exc:  # noqa: BLE001  (the user's model_fn: any error stops the start)
-            raise ModelError(f"{where}: model_fn raised {_one_line(exc)}") from None
+            raise ModelError(f"{where}: model_fn raised {one_line(exc)}") from None
         log.info("loaded %s with %s's model_fn", model_dir, script.name)
-    return TorchRunner(
+    return LoadedModel(
         model=model,
         context=context,
         model_fn=model_fn,
@@ -214,10 +211,10 @@ def load_runner(model_dir: Path, script: Path, model_name: str = "model") -> Tor
 
 
 class PytorchRunner:
-    """The Runner (runner.py) for a PyTorch model: one model, answered by TorchRunner in a
+    """The Runner (runner.py) for a PyTorch model: one model, answered by LoadedModel in a
     worker thread (torch releases the GIL while it computes)."""
 
-    def __init__(self, loaded: TorchRunner, settings: Settings, model_name: str) -> None:
+    def __init__(self, loaded: LoadedModel, settings: Settings, model_name: str) -> None:
         self.loaded = loaded
         self.settings = settings
         self._models = (ModelInfo(model_name, (1,)),)
@@ -269,4 +266,4 @@ def load(settings: Settings) -> Runner:
     script = settings.code_dir / settings.program
     codec.check_model_dir(settings.model_dir, script)
     name = settings.model_dir.name or "model"
-    return PytorchRunner(load_runner(settings.model_dir, script, name), settings, name)
+    return PytorchRunner(load_model(settings.model_dir, script, name), settings, name)
