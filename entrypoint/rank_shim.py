@@ -39,6 +39,8 @@ OUTPUT_LABEL_ENV = "SM_HVD_OUTPUT_LABEL"
 RANK_VARIABLES = ("OMPI_COMM_WORLD_RANK", "RANK")
 # smcommon.heartbeat.HEARTBEAT_FD_ENV (the shim imports nothing of ours).
 HEARTBEAT_FD_ENV = "SM_HVD_HEARTBEAT_FD"
+# host/stacks.STACKS_SIGNAL_ENV: docker/sitecustomize.py then writes the rank's stack on SIGUSR2.
+STACKS_SIGNAL_ENV = "SM_HVD_STACKS_ON_SIGUSR2"
 # Exit code when the rank cannot register or its program cannot start (a shell's "not run").
 NOT_RUN_EXIT_CODE = 127
 _REGISTER_TIMEOUT_S = 30.0
@@ -82,6 +84,7 @@ def _register_with_output(path: str) -> None:
     os.close(output_write)
     os.set_inheritable(beats_write, True)
     os.environ[HEARTBEAT_FD_ENV] = str(beats_write)
+    os.environ[STACKS_SIGNAL_ENV] = "1"
 
 
 def main(argv: Sequence[str]) -> int:
