@@ -199,13 +199,13 @@ RUN set -eux; \
     pip install --no-deps --no-build-isolation --no-cache-dir /opt/src; \
     rm -rf /opt/src; \
 # mpirun's rsh agent for the channel launch, one per worker on the master: a script run by
-# `python -IS` (entrypoint/mpi/rsh_agent.py says why); without arguments it exits 255 (usage).
-    install -m 0755 "$(python -c 'import entrypoint.mpi.rsh_agent as m; print(m.__file__)')" \
+# `python -IS` (entrypoint/launches/mpi/rsh_agent.py says why); without arguments it exits 255 (usage).
+    install -m 0755 "$(python -c 'import entrypoint.launches.mpi.rsh_agent as m; print(m.__file__)')" \
         /opt/venv/bin/sm-horovod-rsh-agent; \
     { sm-horovod-rsh-agent 2>/dev/null || [ $? -eq 255 ]; }; \
-# Every rank of mpirun and torchrun starts through it (entrypoint/rank_shim.py): it registers
+# Every rank of mpirun and torchrun starts through it (entrypoint/host/rank_shim.py): it registers
 # with its host's entry point, then execs the program; without arguments it exits 127 (usage).
-    install -m 0755 "$(python -c 'import entrypoint.rank_shim as m; print(m.__file__)')" \
+    install -m 0755 "$(python -c 'import entrypoint.host.rank_shim as m; print(m.__file__)')" \
         /opt/venv/bin/sm-horovod-rank; \
     { sm-horovod-rank 2>/dev/null || [ $? -eq 127 ]; }; \
     [ "$(sm-horovod-rank echo ok)" = ok ]; \
@@ -331,13 +331,13 @@ RUN set -eux; \
     pip install --no-deps --no-build-isolation --no-cache-dir /opt/src; \
     rm -rf /opt/src; \
 # mpirun's rsh agent for the channel launch, one per worker on the master: a script run by
-# `python -IS` (entrypoint/mpi/rsh_agent.py says why); without arguments it exits 255 (usage).
-    install -m 0755 "$(python -c 'import entrypoint.mpi.rsh_agent as m; print(m.__file__)')" \
+# `python -IS` (entrypoint/launches/mpi/rsh_agent.py says why); without arguments it exits 255 (usage).
+    install -m 0755 "$(python -c 'import entrypoint.launches.mpi.rsh_agent as m; print(m.__file__)')" \
         /opt/venv/bin/sm-horovod-rsh-agent; \
     { sm-horovod-rsh-agent 2>/dev/null || [ $? -eq 255 ]; }; \
-# Every rank of mpirun and torchrun starts through it (entrypoint/rank_shim.py): it registers
+# Every rank of mpirun and torchrun starts through it (entrypoint/host/rank_shim.py): it registers
 # with its host's entry point, then execs the program; without arguments it exits 127 (usage).
-    install -m 0755 "$(python -c 'import entrypoint.rank_shim as m; print(m.__file__)')" \
+    install -m 0755 "$(python -c 'import entrypoint.host.rank_shim as m; print(m.__file__)')" \
         /opt/venv/bin/sm-horovod-rank; \
     { sm-horovod-rank 2>/dev/null || [ $? -eq 127 ]; }; \
     [ "$(sm-horovod-rank echo ok)" = ok ]; \

@@ -36,7 +36,7 @@ REMOTE_SHELLS = ("channel", "ssh")
 # Seconds the channel launch waits for every worker's orted to call back to mpirun (which has
 # no such deadline of its own); default 60 s + 1 s per host (plan.default_callback_timeout_s).
 ORTED_CALLBACK_TIMEOUT = "orted_callback_timeout"
-# Which processes run the user's script under parameter servers (plan.PsLayout): "toolkit" (the
+# Which processes run the user's script under parameter servers (layouts.PsLayout): "toolkit" (the
 # default: AWS's TensorFlow containers' layout, the script once per host as master or worker,
 # the entry point's own ps server on every host) or "strategy" (TF2 ParameterServerStrategy's:
 # the script as the chief and as every worker and ps task).

@@ -1,6 +1,6 @@
 """The imperative shell: the supervising loops of the master and the workers.
 
-The loops see only this host's part (localpart.py), never the launch or the backend the user
+The loops see only this host's part (part.py), never the launch or the backend the user
 asked for. Master (first host): waits until every worker is connected to the coordination
 channel and ready for the part (the ssh launch ssh-checks it), starts its local part (mpirun, or
 its own processes),
@@ -21,9 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import shutil
 import signal
-import subprocess
 import threading
 import time
 from collections.abc import Callable
@@ -31,12 +29,13 @@ from pathlib import Path
 from typing import Protocol
 
 from entrypoint import groups
-from entrypoint.coordination import MasterChannel, WorkerChannel
+from entrypoint.channel.coordination import MasterChannel, WorkerChannel
+from entrypoint.channel.protocol import Exited, Verdict, host_verdict, suspect_peers
+from entrypoint.host.children import KILL_WAIT_S
 from entrypoint.job import VerdictRule, format_command
-from entrypoint.localpart import KILL_WAIT_S, Supervised
-from entrypoint.parts import local_part
+from entrypoint.launches import local_part
+from entrypoint.part import Supervised
 from entrypoint.plan import JobPlan, summary_line
-from entrypoint.protocol import Exited, Verdict, host_verdict, suspect_peers
 from smcommon.failure import STOPPED_EXIT_CODE, Failure, Reason, record_failure
 from smcommon.names import MASTER_SILENCE_LINE, WORKER_SILENCE_LINE
 
@@ -136,30 +135,6 @@ class ShellConfig:
     host_wait_timeout_s: float
     sigterm_grace_s: float
     clock: Clock = dataclasses.field(default_factory=Clock)
-
-
-# --------------------------------------------------------------------------------------------
-# Probes
-
-NVIDIA_GPUS_DIR = Path("/proc/driver/nvidia/gpus")
-
-
-def detect_gpu_count() -> int:
-    """GPUs the NVIDIA driver exposes to this container; the instance type may be `local`, so
-    ask the driver (its /proc entries, else nvidia-smi as the toolkit does), not a table."""
-    try:
-        return sum(1 for _ in NVIDIA_GPUS_DIR.iterdir())
-    except OSError:
-        pass
-    if shutil.which("nvidia-smi") is None:
-        return 0
-    try:
-        listing = subprocess.run(
-            ["nvidia-smi", "--list-gpus"], capture_output=True, text=True, timeout=30, check=True
-        ).stdout
-    except (OSError, subprocess.SubprocessError):
-        return 0
-    return sum(1 for line in listing.splitlines() if line.startswith("GPU "))
 
 
 # --------------------------------------------------------------------------------------------

@@ -17,9 +17,9 @@ from typing import Self
 
 import pytest
 
-from entrypoint import session as session_module
-from entrypoint.coordination import MasterChannel, WorkerChannel
-from entrypoint.protocol import (
+from entrypoint.channel import session as session_module
+from entrypoint.channel.coordination import MasterChannel, WorkerChannel
+from entrypoint.channel.protocol import (
     BOTH_WAYS,
     MESSAGES,
     NONCE_BYTES,
@@ -38,7 +38,7 @@ from entrypoint.protocol import (
     hello_frame,
     session_key,
 )
-from entrypoint.session import ChannelTiming, RequestFailedError, Session, SessionLostError
+from entrypoint.channel.session import ChannelTiming, RequestFailedError, Session, SessionLostError
 from smcommon.failure import Failure, Reason
 
 pytestmark = pytest.mark.timeout(60)

@@ -9,10 +9,11 @@ from typing import Any
 import pytest
 
 from entrypoint.contract import ContractError, parse_contract
-from entrypoint.job import VerdictRule, format_command, is_exportable
-from entrypoint.localpart import OutputTail, torchrun_root_cause
-from entrypoint.mpi.parts import MpirunPart, OrtedPart, mpi_rank_error
-from entrypoint.mpi.plan import (
+from entrypoint.host.children import OutputTail, torchrun_root_cause
+from entrypoint.job import HostProcess, ProcessesLaunch, VerdictRule, format_command, is_exportable
+from entrypoint.launches import local_part
+from entrypoint.launches.mpi.parts import MpirunPart, OrtedPart, mpi_rank_error
+from entrypoint.launches.mpi.plan import (
     CallbackDeadline,
     MpiLaunch,
     RemoteShell,
@@ -20,15 +21,14 @@ from entrypoint.mpi.plan import (
     default_callback_timeout_s,
     mpi_rank_hosts,
 )
-from entrypoint.parts import ProgramPart, TaskGroupPart, local_part
+from entrypoint.launches.program import ProgramPart
+from entrypoint.launches.tf_distribute.part import TaskGroupPart
+from entrypoint.launches.torchrun import torchrun_argv
 from entrypoint.plan import (
-    HostProcess,
-    ProcessesLaunch,
     make_plan,
     rank_environment,
     ranks_per_host,
     sagemaker_environment,
-    torchrun_argv,
 )
 
 
@@ -332,7 +332,7 @@ def test_make_plan_chooses_one_launch_per_backend(hyperparameters, current, expe
         toolkit_ps = PS in hyperparameters and PS_LAYOUT not in hyperparameters
         if toolkit_ps and str(process.task).startswith("ps:"):
             # The toolkit's layout: the entry point's own ps server, never the user's code.
-            assert process.argv == ("python", "-m", "entrypoint.ps_server")
+            assert process.argv == ("python", "-m", "entrypoint.launches.tf_distribute.ps_server")
             assert process.working_dir is None
         else:
             assert process.argv == program

@@ -7,7 +7,7 @@ import struct
 
 import pytest
 
-from entrypoint.protocol import (
+from entrypoint.channel.protocol import (
     CATALOG,
     MAX_FRAME_BYTES,
     MESSAGES,

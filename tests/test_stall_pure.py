@@ -13,7 +13,7 @@ import pytest
 from entrypoint.host import stacks
 from entrypoint.host.activity import HostWatch, ThreadTimes, parse_stat
 from entrypoint.host.rank_output import LineAssembler, OutputPump, last_error, tag
-from entrypoint.protocol import (
+from entrypoint.channel.protocol import (
     DumpStacks,
     RankReport,
     StacksDumped,

@@ -1,0 +1,7 @@
+"""This host's plumbing, shared by every launch: child processes (`children`), the rank registry
+and the shim every rank starts through (`ranks`, `rank_shim`), a private Unix server
+(`unixserver`), the network interface (`netif`), probes (`probes`), ssh keys (`sshkeys`) and the
+user's code (`usercode`).
+
+Imports nothing: `rank_shim` and others run as scripts or small modules.
+"""

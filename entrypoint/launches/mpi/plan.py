@@ -14,8 +14,8 @@ import enum
 from collections.abc import Mapping
 from typing import ClassVar, assert_never
 
+from entrypoint.host.ranks import RANK_SHIM
 from entrypoint.job import JobShape, VerdictRule, is_exportable
-from entrypoint.ranks import RANK_SHIM
 
 # Flags for every job. ob1 + TCP is what works over SageMaker's ENA and Docker networks alike.
 _OMPI_FLAGS: tuple[str, ...] = (

@@ -27,7 +27,7 @@ import logging
 import threading
 import time
 
-from entrypoint.protocol import (
+from entrypoint.channel.protocol import (
     CATALOG,
     Ack,
     Catalog,
@@ -44,7 +44,7 @@ from entrypoint.protocol import (
     Verdict,
     version_refusal,
 )
-from entrypoint.session import (
+from entrypoint.channel.session import (
     DEFAULT_TIMING,
     ChannelTiming,
     Clock,

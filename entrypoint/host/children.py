@@ -1,116 +1,21 @@
-"""A part: this host's share of the job, as the supervising loops and the channel see it, and
-the shell pieces every part is made of (a child in its own session, its output's last error).
-
-A part owns the processes it starts: it signals the process group it created (each child runs
-in its own session) or the ranks that registered with it (ranks.py), never a process it found
-by name. It also brings what the channel needs from it (message types, handlers, what to open
-before the channel and close after), so `supervise.run_host` never asks which launch it is.
-"""
+"""The shell pieces every part is made of: a child in its own session, its output copied to ours
+with its last error line remembered (and torchrun's failure summary read)."""
 
 from __future__ import annotations
 
 import collections
 import contextlib
-import logging
 import os
 import re
 import signal
 import subprocess
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import IO, Protocol
-
-from entrypoint.job import VerdictRule
-from entrypoint.protocol import CATALOG, Catalog, Message
-from entrypoint.session import Handlers
-from smcommon.failure import Failure, Reason
-
-log = logging.getLogger("entrypoint")
+from typing import IO
 
 # How long a child gets to exit after SIGTERM in a teardown before its group is killed.
 KILL_WAIT_S = 5.0
-
-# The master's channel, as a part may use it: ask a worker (MasterChannel.request).
-Ask = Callable[[str, Message, float], Message]
-
-
-class Supervised(Protocol):
-    """What the supervising loops see of this host's part."""
-
-    # Who decides the job's outcome (the master's loop reads it).
-    verdict: VerdictRule
-    # A worker's part starts on the master's Start (else it arrives on its own: orted).
-    starts_on_start: bool
-    # A worker reports how its part ended (else the master's part knows: mpirun).
-    reports_exit: bool
-
-    def ready_workers(self, connected: frozenset[str], now: float) -> frozenset[str]:
-        """The master's: of the connected workers, those the part can start on."""
-
-    def start(self) -> None:
-        """Start the local processes (a worker's MPI part has none of its own)."""
-
-    def poll(self) -> int | None:
-        """The part's exit code once it ended, else None."""
-
-    def stop(self, grace_s: float) -> None:
-        """SIGTERM to the training processes, and only to them: they have `grace_s` to
-        checkpoint while everything they need (daemons, the channel) stays up."""
-
-    def end(self) -> None:
-        """End whatever is left of the part: SIGTERM, then SIGKILL to what it owns."""
-
-    def failure(self, code: int) -> Failure | None:
-        """The failure of a part that ended with `code` (None for success), worded by the part:
-        how it exited, its last error line, the host where that happened."""
-
-
-class LocalPart(Supervised, Protocol):
-    """This host's share of the job: what the loops see, and what the channel needs of it."""
-
-    # The channel's message types, the part's own included.
-    catalog: Catalog
-
-    def handlers(self) -> Handlers:
-        """The part's handlers of channel messages (added to the channel's own)."""
-
-    def prepare(self) -> None:
-        """Before the channel opens: what must exist once a worker connects (sshd, sockets)."""
-
-    def attach(self, ask: Ask) -> None:
-        """The master's channel is open: the part may ask the workers through it."""
-
-    def close(self) -> None:
-        """After the channel closed: release what `prepare` opened."""
-
-
-class PartBase:
-    """The defaults of a part that needs nothing of the channel but its own messages."""
-
-    verdict = VerdictRule.EVERY_HOST
-    starts_on_start = True
-    reports_exit = True
-    catalog: Catalog = CATALOG
-
-    def handlers(self) -> Handlers:
-        return {}
-
-    def prepare(self) -> None:
-        pass
-
-    def attach(self, ask: Ask) -> None:
-        pass
-
-    def ready_workers(self, connected: frozenset[str], now: float) -> frozenset[str]:
-        return connected
-
-    def close(self) -> None:
-        pass
-
-
-# --------------------------------------------------------------------------------------------
-# Output
 
 
 class OutputTail:
@@ -259,9 +164,3 @@ class ChildProcess:
 
     def error_line(self) -> str | None:
         return self._tail.error_line() if self._tail else None
-
-
-def exit_failure(exited: str, error: str | None, host: str | None) -> Failure:
-    """A process' failure: how it exited and its last error line, where it happened."""
-    message = f"{exited}; last error: {error}" if error else exited
-    return Failure(Reason.TRAINING_FAILED, message, host)

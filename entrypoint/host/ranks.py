@@ -29,8 +29,8 @@ from pathlib import Path
 import psutil
 
 from entrypoint.host.rank_output import OutputPump, Stream
-from entrypoint.rank_shim import RANK_SOCKET_ENV, REGISTERED
-from entrypoint.unixserver import PrivateUnixServer
+from entrypoint.host.rank_shim import RANK_SOCKET_ENV, REGISTERED
+from entrypoint.host.unixserver import PrivateUnixServer
 
 log = logging.getLogger("entrypoint")
 

@@ -27,10 +27,13 @@ from pathlib import Path
 
 import psutil
 
+from entrypoint.channel.protocol import Catalog
+from entrypoint.channel.session import Handlers
+from entrypoint.host.children import KILL_WAIT_S, ChildProcess
+from entrypoint.host.ranks import RANK_SOCKET_ENV, RankRegistry
 from entrypoint.job import VerdictRule
-from entrypoint.localpart import KILL_WAIT_S, Ask, ChildProcess, PartBase, exit_failure
-from entrypoint.mpi.plan import CallbackDeadline, MpiLaunch, RemoteShell
-from entrypoint.mpi.remote_shell import (
+from entrypoint.launches.mpi.plan import CallbackDeadline, MpiLaunch, RemoteShell
+from entrypoint.launches.mpi.remote_shell import (
     CALLBACK_MISSED_EXIT_CODE,
     REMOTE_SHELL_CATALOG,
     AgentRelay,
@@ -39,10 +42,8 @@ from entrypoint.mpi.remote_shell import (
     late_daemons,
     missed_callback_message,
 )
-from entrypoint.mpi.rsh_agent import AGENT_SOCKET_ENV
-from entrypoint.protocol import Catalog
-from entrypoint.ranks import RANK_SOCKET_ENV, RankRegistry
-from entrypoint.session import Handlers
+from entrypoint.launches.mpi.rsh_agent import AGENT_SOCKET_ENV
+from entrypoint.part import Ask, PartBase, exit_failure
 from smcommon.failure import Failure, Reason
 
 log = logging.getLogger("entrypoint")
