@@ -113,7 +113,11 @@ def test_every_line_is_whole_and_tagged_once(make_cluster):
             assert match, f"untagged or broken: {line!r}\n{cluster.describe()}"
             assert match.group(1) == host and "[algo-" not in match.group(3), line
         for rank in ranks:
-            mine = [TAGGED.match(line).group(3) for line in printed if f"rank {rank}]" in line]
+            mine = [
+                match.group(3)
+                for line in printed
+                if f"rank {rank}]" in line and (match := TAGGED.match(line))
+            ]
             assert [f"ARGS rank={rank} index={i} a b c" for i in range(20)] == [
                 text for text in mine if text.startswith("ARGS")
             ], cluster.describe()

@@ -10,9 +10,6 @@ import time
 
 import pytest
 
-from entrypoint.host import stacks
-from entrypoint.host.activity import HostWatch, ThreadTimes, parse_stat
-from entrypoint.host.rank_output import LineAssembler, OutputPump, last_error, tag
 from entrypoint.channel.protocol import (
     DumpStacks,
     RankReport,
@@ -20,6 +17,9 @@ from entrypoint.channel.protocol import (
     message_from_json,
     message_to_json,
 )
+from entrypoint.host import stacks
+from entrypoint.host.activity import HostWatch, ThreadTimes, parse_stat
+from entrypoint.host.rank_output import LineAssembler, OutputPump, last_error, tag
 from entrypoint.stall import (
     Frame,
     RankSample,
