@@ -73,6 +73,7 @@ class RankError:
 
     label: str
     line: str
+    host: str
 
 
 class HostWatch:
@@ -180,7 +181,7 @@ class HostWatch:
         if line is None:
             return
         with self._changed:
-            error = RankError(stream.label, line)
+            error = RankError(stream.label, line, self.host)
             self._errors.append(error)
             self._unsent.append(error)
             self._changed.notify_all()
@@ -219,7 +220,7 @@ class HostWatch:
             if samples or host not in self._reports:
                 self._reports[host] = (now, samples)
             for error in errors:
-                self._errors.append(dataclasses.replace(error, label=f"{error.label}@{host}"))
+                self._errors.append(dataclasses.replace(error, host=host))
             self._changed.notify_all()
 
     def job_samples(self) -> list[RankSample]:

@@ -141,6 +141,8 @@ class Stream:
     last_output: float | None = None
     last_beat: float | None = None
     ended: bool = False
+    # Set once its last line is written.
+    done: threading.Event = dataclasses.field(default_factory=threading.Event)
     lines: collections.deque[str] = dataclasses.field(
         default_factory=lambda: collections.deque(maxlen=KEEP_LINES)
     )
@@ -172,6 +174,9 @@ class OutputPump:
         self._write_lock = threading.Lock()
         self._lock = threading.Lock()
         self._streams: list[Stream] = []
+        # This host's last lines, every stream's, in order, untagged (torchrun's failure
+        # summary names a rank whose own lines precede it).
+        self._recent: collections.deque[str] = collections.deque(maxlen=KEEP_LINES)
         self._threads: list[threading.Thread] = []
         # Called with a stream that ended (the channel reports a rank's last error line).
         self.on_end: Callable[[Stream], None] | None = None
@@ -194,6 +199,10 @@ class OutputPump:
     def streams(self) -> list[Stream]:
         with self._lock:
             return list(self._streams)
+
+    def recent(self) -> tuple[str, ...]:
+        with self._lock:
+            return tuple(self._recent)
 
     def write(self, label: str, text: str) -> None:
         """Lines of the entry point's own, on a stream's behalf (a rank's stack)."""
@@ -223,8 +232,10 @@ class OutputPump:
         if not lines:
             return
         self._write(b"".join(prefix + line + b"\n" for line in lines))
-        for line in lines:
-            stream.lines.append(line.decode("utf-8", "replace"))
+        texts = [line.decode("utf-8", "replace") for line in lines]
+        stream.lines.extend(texts)
+        with self._lock:
+            self._recent.extend(texts)
 
     def _pump(self, stream: Stream, fd: int, beats_fd: int | None) -> None:
         prefix = tag(self.host, stream.label)
@@ -264,6 +275,7 @@ class OutputPump:
             os.close(fd)
             if beats_fd is not None:
                 os.close(beats_fd)
+            stream.done.set()
             if self.on_end is not None:
                 self.on_end(stream)
 

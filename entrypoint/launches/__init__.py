@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import assert_never
 
+from entrypoint.host.activity import HostWatch
 from entrypoint.host.children import ChildProcess
 from entrypoint.job import HostProcess, ProcessesLaunch
 from entrypoint.launches.mpi.parts import mpi_part
@@ -27,22 +28,27 @@ Launch = MpiLaunch | ProcessesLaunch
 
 
 def local_part(launch: Launch, *, is_master: bool, host: str) -> LocalPart:
-    """This host's part of the job."""
+    """This host's part of the job, with this host's watch (log pump, rank progress, stacks)."""
+    watch = HostWatch(host)
     match launch:
         case MpiLaunch():
-            return mpi_part(launch, is_master=is_master, host=host)
+            return mpi_part(launch, is_master=is_master, host=host, watch=watch)
         case ProcessesLaunch(processes=(HostProcess(task=None) as program,), verdict=verdict):
-            return ProgramPart(program, host, verdict)
+            return ProgramPart(program, host, verdict, watch)
         case ProcessesLaunch(processes=processes, chief_task=chief, verdict=verdict):
             tasks = [
                 (
                     str(process.task),
                     ChildProcess(
-                        process.argv, process.env, process.working_dir, prefix=process.prefix
+                        process.argv,
+                        process.env,
+                        process.working_dir,
+                        label=str(process.task),
+                        pump=watch.pump,
                     ),
                 )
                 for process in processes
             ]
-            return TaskGroupPart(tasks, chief, host, verdict)
+            return TaskGroupPart(tasks, chief, host, verdict, watch)
         case unknown:
             assert_never(unknown)
