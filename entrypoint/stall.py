@@ -21,8 +21,6 @@ import re
 import time
 from collections.abc import Mapping, Sequence
 
-# The default stall_timeout_seconds (docs/design.md "Stalls": torch's 10 min collective timeout).
-DEFAULT_STALL_TIMEOUT_S = 600.0
 # A rank below this share of one core over the sampling window counts as idle: Horovod's
 # background thread polls every few milliseconds on an idle rank (measured: docs/design.md).
 IDLE_CPU_SHARE = 0.05

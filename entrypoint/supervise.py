@@ -36,6 +36,7 @@ from entrypoint.job import VerdictRule, format_command
 from entrypoint.launches import local_part
 from entrypoint.part import Supervised
 from entrypoint.plan import JobPlan, summary_line
+from entrypoint.stall_monitor import MasterStalls, WorkerStalls
 from smcommon.failure import STOPPED_EXIT_CODE, Failure, Reason, record_failure
 from smcommon.names import MASTER_SILENCE_LINE, WORKER_SILENCE_LINE
 
@@ -134,6 +135,8 @@ class ShellConfig:
     output_dir: Path
     host_wait_timeout_s: float
     sigterm_grace_s: float
+    # stall_timeout_seconds (stall.py); 0: no stall detection.
+    stall_timeout_s: float = 0.0
     clock: Clock = dataclasses.field(default_factory=Clock)
 
 
@@ -288,6 +291,8 @@ def _supervise_master(
     channel: MasterEnd | None,
     config: ShellConfig,
     stop: threading.Event,
+    *,
+    stalls: MasterStalls | None = None,
 ) -> Verdict:
     """Until the job's outcome is known: the verdict of the launch's rule, or a JobError for
     what failed here (a lost host, mpirun's failure, a stop past its grace period)."""
@@ -340,7 +345,13 @@ def _supervise_master(
             return verdict
         if expired:
             log.warning("still running after the grace period: ending the job")
+            if stalls is not None:
+                stalls.grace_expired()
             raise _stopped()
+        if stalls is not None and not stop.is_set():
+            stalled = stalls.check(clock.now())
+            if stalled is not None:
+                raise JobError(stalled)
         clock.wait(stop, POLL_INTERVAL_S)
 
 
@@ -350,6 +361,8 @@ def run_master(
     channel: MasterEnd | None,
     config: ShellConfig,
     stop: threading.Event,
+    *,
+    stalls: MasterStalls | None = None,
 ) -> int:
     """The master's whole life after the contract was read: returns the job's exit code.
 
@@ -369,7 +382,7 @@ def run_master(
                 channel.start_workers()
             log.info("%s", summary_line(plan))
             part.start()
-            verdict = _supervise_master(plan, part, channel, config, stop)
+            verdict = _supervise_master(plan, part, channel, config, stop, stalls=stalls)
         except JobError as error:
             verdict = Verdict(error.exit_code, error.failure_on(plan.current_host))
         if verdict.failure is not None:
@@ -395,6 +408,8 @@ def _supervise_worker(
     channel: WorkerEnd,
     config: ShellConfig,
     stop: threading.Event,
+    *,
+    stalls: WorkerStalls | None = None,
 ) -> int:
     clock = config.clock
     grace = _Grace(
@@ -433,7 +448,11 @@ def _supervise_worker(
             log.info("local part ended with code %d; waiting for the master's verdict", code)
             channel.send_exited(code, part.failure(code))
             reported = True
+        if stalls is not None:
+            stalls.tick(clock.now())
         if expired:
+            if stalls is not None:
+                stalls.grace_expired()
             part.end()
             raise _stopped()
         clock.wait(stop, POLL_INTERVAL_S)
@@ -465,10 +484,12 @@ def run_worker(
     channel: WorkerEnd,
     config: ShellConfig,
     stop: threading.Event,
+    *,
+    stalls: WorkerStalls | None = None,
 ) -> int:
     """A worker's whole life after the contract was read: returns the master's verdict."""
     try:
-        return _supervise_worker(plan, part, channel, config, stop)
+        return _supervise_worker(plan, part, channel, config, stop, stalls=stalls)
     except JobError as error:
         failure = error.failure_on(plan.current_host)
         log.error("%s", failure.line)
@@ -494,15 +515,19 @@ def run_host(
     coordination channel opens (multi-host jobs) with the part's messages and handlers, and the
     master's or the worker's loop runs over the part."""
     part = local_part(plan.launch, is_master=plan.is_master, host=plan.current_host)
+    watch = part.watch
+    if config.stall_timeout_s > 0:
+        watch.start()
     part.prepare()
     try:
         if plan.is_master:
+            stalls = MasterStalls(watch, config.stall_timeout_s, workers=plan.channel_workers)
             channel = (
                 MasterChannel(
                     job_key=job_key,
                     workers=plan.channel_workers,
                     catalog=part.catalog,
-                    handlers=part.handlers(),
+                    handlers={**part.handlers(), **stalls.handlers()},
                 )
                 if job_key
                 else None
@@ -510,25 +535,29 @@ def run_host(
             try:
                 if channel is not None:
                     part.attach(channel.request)
-                return run_master(plan, part, channel, config, stop)
+                    stalls.attach(channel.request)
+                return run_master(plan, part, channel, config, stop, stalls=stalls)
             finally:
                 if channel is not None:
                     channel.close()
         if job_key is None:
             raise AssertionError("a worker always has a job key")
+        worker_stalls = WorkerStalls(watch)
         worker_channel = WorkerChannel(
             job_key=job_key,
             host=plan.current_host,
             master=plan.master_host,
             deadline=master_arrival_deadline(config),
-            handlers=part.handlers(),
+            handlers={**part.handlers(), **worker_stalls.handlers()},
             catalog=part.catalog,
         )
+        worker_stalls.attach(worker_channel.send)
         try:
-            return run_worker(plan, part, worker_channel, config, stop)
+            return run_worker(plan, part, worker_channel, config, stop, stalls=worker_stalls)
         finally:
             worker_channel.close()
     finally:
+        watch.close()
         part.close()
 
 

@@ -49,6 +49,9 @@ class Reason(enum.Enum):
     # The training program failed: mpirun (so at least one rank), a host's program or a
     # tf.distribute task exited non-zero.
     TRAINING_FAILED = "TrainingFailed"
+    # No rank wrote output for stall_timeout_seconds and some rank stopped progressing
+    # (entrypoint/stall.py): the job was ended instead of hanging until MaxRuntimeInSeconds.
+    STALLED = "Stalled"
     # The job was asked to stop (SIGTERM: StopTrainingJob, spot interruption).
     STOPPED = "Stopped"
     # A bug or environment problem in the entry point itself.

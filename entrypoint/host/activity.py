@@ -18,7 +18,7 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from entrypoint.host import stacks
@@ -213,14 +213,16 @@ class HostWatch:
     # ---- the master: the workers' reports
 
     def on_report(
-        self, host: str, samples: tuple[RankSample, ...], errors: list[RankError]
+        self, host: str, samples: tuple[RankSample, ...], errors: Sequence[tuple[str, str]]
     ) -> None:
+        """A worker's report: its ranks' samples, and (rank label, last error line) of those
+        whose output ended."""
         now = self._clock()
         with self._changed:
             if samples or host not in self._reports:
                 self._reports[host] = (now, samples)
-            for error in errors:
-                self._errors.append(dataclasses.replace(error, host=host))
+            for label, line in errors:
+                self._errors.append(RankError(label, line, host))
             self._changed.notify_all()
 
     def job_samples(self) -> list[RankSample]:
