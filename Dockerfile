@@ -226,6 +226,11 @@ RUN set -eux; \
     /usr/sbin/sshd -t -o HostKey=/tmp/check_host_key; \
     rm -f /tmp/check_host_key /tmp/check_host_key.pub
 
+# SDK v3's `source_code` jobs replace the entry point with `/bin/bash -c ".../sm_train.sh"`: in
+# bash as PID 1 this hook runs `tini -- train` instead (docker/bash-env.sh says why).
+COPY docker/bash-env.sh /etc/sm-horovod/bash-env.sh
+ENV BASH_ENV=/etc/sm-horovod/bash-env.sh
+
 # TensorFlow's C++ INFO lines (oneDNN notices, CPU features) drown the training log on every
 # rank; warnings and errors still show. Override with -e TF_CPP_MIN_LOG_LEVEL=0.
 ENV SM_IMAGE_FLAVOR=${FLAVOR} \
@@ -357,6 +362,11 @@ RUN set -eux; \
     ssh-keygen -q -t ed25519 -N '' -f /tmp/check_host_key; \
     /usr/sbin/sshd -t -o HostKey=/tmp/check_host_key; \
     rm -f /tmp/check_host_key /tmp/check_host_key.pub
+
+# SDK v3's `source_code` jobs replace the entry point with `/bin/bash -c ".../sm_train.sh"`: in
+# bash as PID 1 this hook runs `tini -- train` instead (docker/bash-env.sh says why).
+COPY docker/bash-env.sh /etc/sm-horovod/bash-env.sh
+ENV BASH_ENV=/etc/sm-horovod/bash-env.sh
 
 ENV SM_IMAGE_FLAVOR=${FLAVOR}
 # `docker run IMAGE serve`: as in the TensorFlow images (SAGEMAKER_BIND_TO_PORT, else 8080).

@@ -90,6 +90,7 @@ class LoadLevel:
     load1: float | None = None  # the 1-minute load average before the runs (median)
     runs: int = 1
     runs_rps: tuple[float, ...] = ()
+    p999_ms: float | None = None  # absent from results measured before it was
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,6 +114,7 @@ class WrkRun:
     socket_errors: int
     p50_ms: float | None
     p99_ms: float | None
+    p999_ms: float | None = None  # post.lua's done() line
 
     @property
     def ok_rps(self) -> float:
@@ -148,7 +150,8 @@ def _to_ms(value: str, unit: str) -> float:
 
 def parse_wrk(output: str) -> WrkRun:
     """wrk 4's report (with --latency): total responses, duration, non-2xx, socket errors and
-    the 50th and 99th latency percentiles. ValueError where it has no request count."""
+    the 50th and 99th latency percentiles (and the 99.9th, which post.lua prints). ValueError
+    where it has no request count."""
     total = re.search(r"^\s*(\d+) requests in ([\d.]+)(us|ms|s|m|h),", output, re.M)
     if total is None:
         raise ValueError(f"not a wrk report: {output.strip()[-300:]!r}")
@@ -156,6 +159,7 @@ def parse_wrk(output: str) -> WrkRun:
         int(p): _to_ms(v, u)
         for p, v, u in re.findall(r"^\s*(50|99)%\s+([\d.]+)(us|ms|s|m|h)\s*$", output, re.M)
     }
+    p999 = re.search(r"^p99\.9 latency: (\d+)us\s*$", output, re.M)
     non_2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", output)
     sockets = re.search(
         r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", output
@@ -167,6 +171,7 @@ def parse_wrk(output: str) -> WrkRun:
         socket_errors=sum(int(n) for n in sockets.groups()) if sockets else 0,
         p50_ms=percentiles.get(50),
         p99_ms=percentiles.get(99),
+        p999_ms=int(p999.group(1)) / 1000 if p999 else None,
     )
 
 
@@ -193,6 +198,7 @@ def summarize_runs(
         throughput_rps=_median(rates) or 0.0,
         p50_ms=_median([run.p50_ms for run in runs]),
         p99_ms=_median([run.p99_ms for run in runs]),
+        p999_ms=_median([run.p999_ms for run in runs]),
         model=model,
         load1=_median(loads),
         runs=len(runs),
@@ -366,7 +372,8 @@ def serving_lines(result: ServingResult | None) -> list[str]:
             order.get(lv.server, 99),
         ),
     )
-    header = ["Model", "Clients", "Server", "Req/s", "p50 (ms)", "p99 (ms)", "Load 1m", "Errors"]
+    header = ["Model", "Clients", "Server", "Req/s", "p50 (ms)", "p99 (ms)", "p99.9 (ms)",
+              "Load 1m", "Errors"]  # fmt: skip
     table = [
         [
             lv.model,
@@ -375,6 +382,7 @@ def serving_lines(result: ServingResult | None) -> list[str]:
             f"{lv.throughput_rps:,.0f}",
             _cell(lv.p50_ms, 2),
             _cell(lv.p99_ms, 1),
+            _cell(lv.p999_ms, 1),
             _cell(lv.load1, 1),
             str(lv.errors),
         ]
@@ -576,9 +584,10 @@ def measure_model(  # noqa: PLR0917  (one model's parameters)
             logs = server.logs()
             server.remove()
         if name == OURS:
-            summary = next((line for line in logs.splitlines() if "drained; served" in line), "")
-            if summary:
-                note = f"For the {model}, our server {summary.split('drained; ', 1)[-1]}."
+            drained = [line.split("drained; ", 1)[-1] for line in logs.splitlines()
+                       if "drained; served" in line or "drained; gc:" in line]  # fmt: skip
+            if drained:
+                note = f"For the {model}, our server {'; '.join(drained)}."
     return levels, note
 
 

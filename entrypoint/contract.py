@@ -23,6 +23,7 @@ from typing import Any
 
 from sagemaker_training import mapping, params
 
+from entrypoint import sdk3
 from smcommon import names
 
 # Hyperparameters that belong to the entry point and are not passed to the training program.
@@ -201,9 +202,20 @@ class UserScript:
 
     program: str
     submit_dir: str
+    # Installed before any process starts, if present in the code (SDK v3's
+    # SourceCode.requirements names another file).
+    requirements: str = "requirements.txt"
 
 
-Program = BuiltinProgram | UserScript
+@dataclasses.dataclass(frozen=True)
+class ShellCommand:
+    """SDK v3's own command (a SourceCode.command, or a driver of the user's own), run once per
+    host as v3 would run it (sdk3.py)."""
+
+    argv: tuple[str, ...]
+
+
+Program = BuiltinProgram | UserScript | ShellCommand
 
 
 @dataclasses.dataclass(frozen=True)
@@ -913,9 +925,11 @@ def parse_contract(
     input_data_config_text: str | None,
     env: Mapping[str, str],
     paths: ContractPaths = ContractPaths(),
+    sdk3_job: sdk3.Sdk3Job | None = None,
 ) -> Contract:
     """Turn the contract's file contents and environment into a Contract, or raise
-    ContractError with one line that names the file or variable at fault."""
+    ContractError with one line that names the file or variable at fault. `sdk3_job`: what SDK
+    v3's ModelTrainer asked for where its driver command was replaced by `train` (sdk3.py)."""
     resource_source = str(paths.resource_config)
     resource_config = _load_json_object(resource_config_text, resource_source)
     raw_hyperparameters = (
@@ -936,6 +950,11 @@ def parse_contract(
             f"{resource_source}: network_interface_name {interface!r} is not an interface name"
         )
     decoded = _decode_hyperparameters(raw_hyperparameters, str(paths.hyperparameters))
+    code_channel = str(paths.data_dir / sdk3.CODE_CHANNEL)
+    request = sdk3.sdk3_request(sdk3_job, code_dir=code_channel) if sdk3_job is not None else None
+    if request is not None:
+        # v3's driver, as the hyperparameters v2's estimators send for the same launch.
+        decoded = {**decoded, **request.hyperparameters}
     _check_channels(input_data_config, str(paths.input_data_config))
     try:
         settings = parse_entrypoint_settings(decoded)
@@ -945,6 +964,10 @@ def parse_contract(
         env.get("TRAINING_JOB_NAME") or hyperparameter_text(decoded.get(JOB_NAME_PARAM, "")) or None
     )
     program = _parse_program(decoded, env)
+    if request is not None and request.runs_sdk_command:
+        program = ShellCommand(("/bin/bash", "-c", env.get(sdk3.SDK3_COMMAND_ENV, "")))
+    elif request is not None and request.requirements and isinstance(program, UserScript):
+        program = dataclasses.replace(program, requirements=request.requirements)
     groups, current_group = parse_instance_groups(
         resource_config, hosts, current_host, resource_source
     )
@@ -980,7 +1003,19 @@ def parse_contract(
         settings=settings,
         job_name=job_name,
         paths=paths,
-        toolkit_environment=toolkit_environment(decoded, env, settings.log_level),
+        toolkit_environment={
+            **toolkit_environment(decoded, env, settings.log_level),
+            **(
+                sdk3.sdk3_environment(
+                    sdk3_job,
+                    hosts=tuple(sorted(hosts)),
+                    current_host=current_host,
+                    code_dir=code_channel,
+                )
+                if sdk3_job is not None
+                else {}
+            ),
+        },
         instance_groups=groups,
         current_group=current_group,
         distribution_group=distribution_group,
@@ -1005,10 +1040,17 @@ def read_contract(paths: ContractPaths, env: Mapping[str, str]) -> Contract:
     if resource_text is None:
         # SM_HOSTS and SM_CURRENT_HOST alone describe the cluster.
         resource_text = "{}"
+    sdk3_job = None
+    if env.get(sdk3.SDK3_COMMAND_ENV):
+        try:
+            sdk3_job = sdk3.read_sdk3_job(paths.data_dir / sdk3.DRIVERS_CHANNEL)
+        except sdk3.Sdk3Error as error:
+            raise ContractError(str(error)) from None
     return parse_contract(
         resource_config_text=resource_text,
         hyperparameters_text=read(paths.hyperparameters, required=False),
         input_data_config_text=read(paths.input_data_config, required=False),
         env=env,
         paths=paths,
+        sdk3_job=sdk3_job,
     )

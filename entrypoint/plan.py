@@ -21,6 +21,7 @@ from entrypoint.contract import (
     BuiltinProgram,
     Contract,
     ContractError,
+    ShellCommand,
     UserScript,
     instance_group_environment,
 )
@@ -90,6 +91,9 @@ def program_argv(
             if program.endswith(".sh"):
                 return ("/bin/sh", program, *args), code_dir
             return (str(code_dir / program), *args), code_dir
+        case ShellCommand(argv=argv):
+            # SDK v3's own command: it passes the hyperparameters itself (sdk3.py).
+            return argv, None
     raise AssertionError(f"unknown program {contract.program!r}")
 
 

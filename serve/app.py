@@ -29,7 +29,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
-from serve import hooks, page, tfs
+from serve import heap, hooks, page, tfs
 from serve.discovery import ModelError
 from serve.errors import JSON, ServeError, error_body, one_line
 from serve.logs import configure_logging
@@ -137,15 +137,27 @@ async def _guarded(
         return _error(500, one_line(exc), what)
 
 
-async def _load(state: State, loader: Loader, on_fatal: Callable[[str], None]) -> None:
+def load_frozen(loader: Loader, settings: Settings, pauses: heap.PauseWatch) -> Runner:
+    """Load and warm up, then freeze the heap (heap.py: full collections stop walking the
+    framework's and the model's objects). In a worker thread, once per worker process."""
+    runner = loader(settings)
+    log.info("gc: %d objects frozen after the load", pauses.freeze())
+    return runner
+
+
+async def _load(
+    state: State, loader: Loader, on_fatal: Callable[[str], None], pauses: heap.PauseWatch
+) -> None:
     started = time.monotonic()
     try:
-        runner = await anyio.to_thread.run_sync(loader, state.settings)
+        runner = await anyio.to_thread.run_sync(load_frozen, loader, state.settings, pauses)
     except (ModelError, ServeError) as exc:
         message = str(exc)
     except Exception as exc:  # noqa: BLE001  (TensorFlow raises many types)
         message = one_line(exc)
     else:
+        # From here on a collection pauses requests (the load's own are not counted).
+        pauses.install()
         runner.start()
         state.runner = runner
         described = ", ".join(
@@ -179,17 +191,23 @@ def create_app(
     settings = settings or settings_from_env(os.environ)
     configure_logging()
     state = State(settings)
+    pauses = heap.PauseWatch()
     if settings.multi_model:
-        state.manager = ModelManager(models or model_loader(settings), settings.min_free_bytes)
+        state.manager = ModelManager(
+            models or model_loader(settings), settings.min_free_bytes, pauses
+        )
     else:
         hooks.add_lib_to_path(settings.model_dir, settings.code_dir)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:
         loading = None
-        if state.manager is None:
+        if state.manager is not None:
+            # A model loading pauses the models already loaded: every collection counts.
+            pauses.install()
+        else:
             loading = asyncio.get_running_loop().create_task(
-                _load(state, loader, on_fatal), name="load-model"
+                _load(state, loader, on_fatal, pauses), name="load-model"
             )
         yield
         # Shutdown runs after uvicorn drained every request in flight.
@@ -200,6 +218,8 @@ def create_app(
             await state.runner.stop()
         if state.manager is not None:
             await state.manager.stop()
+        pauses.remove()
+        log.info("drained; %s", pauses.summary())
 
     def incoming(request: Request) -> Incoming:
         return Incoming(request.headers, lambda: _read_body(request, settings.max_payload_bytes))

@@ -11,9 +11,11 @@ SageMaker loads and unloads models through SageMaker's contract for multi-model 
     POST   /models/NAME/invoke     the model's answer, or 404 "Model NAME is not loaded yet."
 
 Each model is its own runner (its own batcher, its own code/inference.py, every version under
-its folder), composed when it loads. A load runs in a worker thread: requests to the models
-already loaded keep being answered meanwhile. Messages and codes follow AWS's TF Serving
-container (python_service.py) and SageMaker's contract (507 makes SageMaker unload models).
+its folder), composed when it loads. A load (the folder's walk included) runs in a worker thread:
+requests to the models already loaded, and /ping, keep being answered meanwhile. The heap is
+frozen after each load and refrozen after each unload (heap.py). Messages and codes follow
+AWS's TF Serving container (python_service.py) and SageMaker's contract (507 makes SageMaker
+unload models).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from typing import Any
 
 import anyio.to_thread
 
+from serve import heap
 from serve.errors import ServeError, one_line
 from serve.runner import ModelInfo, Runner
 
@@ -126,8 +129,11 @@ class ModelManager:
     """The loaded models of a multi-model endpoint, by name. Lives in one event loop: no lock
     is needed around the dict, and a load in progress holds its name in `loading`."""
 
-    def __init__(self, loader: ModelLoader, min_free_bytes: int) -> None:
+    def __init__(
+        self, loader: ModelLoader, min_free_bytes: int, pauses: heap.PauseWatch | None = None
+    ) -> None:
         self._loader = loader
+        self._pauses = pauses or heap.PauseWatch()
         self._min_free_bytes = min_free_bytes
         self.entries: dict[str, Entry] = {}
         self.loading: set[str] = set()
@@ -157,9 +163,10 @@ class ModelManager:
             for name, entry in sorted(self.entries.items())
         ]
 
-    async def load(self, name: str, url: str) -> str:
-        if name in self.entries or name in self.loading:
-            raise ServeError(409, f"Model {name} is already loaded.")
+    def _check_and_load(self, name: str, url: str) -> Runner:
+        """In a worker thread: the folder walked (a large model's is slow to walk), its memory
+        weighed, the model loaded, the heap frozen (heap.py). ServeError for what SageMaker
+        must hear."""
         folder = Path(url)
         if not folder.is_dir() or not any(
             Path(root).name.isdigit() and "saved_model.pb" in names
@@ -171,14 +178,24 @@ class ModelManager:
         )
         if refusal is not None:
             raise ServeError(507, f"Memory exhausted: cannot load model {name}: {refusal}")
-        self.loading.add(name)
-        started = time.monotonic()
         try:
-            runner = await anyio.to_thread.run_sync(self._loader, name, folder)
+            runner = self._loader(name, folder)
         except ServeError:
             raise
         except Exception as exc:  # noqa: BLE001  (TensorFlow and user code raise many types)
             raise ServeError(500, f"cannot load model {name} from {url}: {one_line(exc)}") from None
+        log.info("gc: %d objects frozen after loading %s", self._pauses.freeze(), name)
+        return runner
+
+    async def load(self, name: str, url: str) -> str:
+        if name in self.entries or name in self.loading:
+            raise ServeError(409, f"Model {name} is already loaded.")
+        # Everything that touches the disk runs off the event loop: /ping and the models
+        # already loaded keep answering while a large model is walked and loaded.
+        self.loading.add(name)
+        started = time.monotonic()
+        try:
+            runner = await anyio.to_thread.run_sync(self._check_and_load, name, url)
         finally:
             self.loading.discard(name)
         runner.start()
@@ -199,7 +216,10 @@ class ModelManager:
         entry = self.get(name)
         del self.entries[name]
         await entry.runner.stop()
-        log.info("model %s unloaded", name)
+        del entry
+        # The unloaded model's cycles were frozen with it: unfreeze, collect, freeze again.
+        frozen = await anyio.to_thread.run_sync(self._pauses.refreeze)
+        log.info("model %s unloaded; gc: %d objects frozen", name, frozen)
         return f"Successfully unloaded model {name}."
 
     async def stop(self) -> None:

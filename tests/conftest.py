@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import functools
+import gc
 import os
 import subprocess
 from collections.abc import Iterator
@@ -97,3 +98,11 @@ def fake_aws_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
 def digits_dir(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The real digits image data set as PNG class folders: train/validation/test."""
     return make_digits(tmp_path_factory.mktemp("digits"))
+
+
+@pytest.fixture(autouse=True)
+def _unfrozen_heap() -> Iterator[None]:
+    """serve's app freezes the heap after a model loads (serve/heap.py); in-process app tests
+    would otherwise leave pytest's own heap frozen, never collected, for every later test."""
+    yield
+    gc.unfreeze()

@@ -4,6 +4,12 @@ venv with the v2 `sagemaker` of requirements-dev.txt).
 
     .venv-sdk3/bin/python tests/sdk3_job.py --image sm-horovod:cpu --root DIR --instance-count 2 \
         --channel train=DIR --hyperparameters '{"epochs": "1"}' [--source-dir DIR --command train]
+        [--source-dir DIR --entry-script x.py --distributed mpi|torchrun --process-count N]
+        [--write-only]
+
+--write-only stops where the SDK would run `docker compose up`: the compose file, the hosts'
+config files and the sm_drivers channel stay under --root for a test to start each host itself
+(v3's compose stops every container once one exits; SageMaker's hosts run independently).
 
 Nothing leaves this machine: telemetry opted out (the SDK's defaults config, written under
 --root), local data (bind mounts, no S3), a local image (no ECR pull). An audit hook records
@@ -46,17 +52,46 @@ def _compose_down(root: Path) -> None:
     )
 
 
+class StopBeforeComposeError(Exception):
+    """--write-only: the SDK wrote its compose file and was about to run it."""
+
+
+def _stop_before_compose() -> None:
+    """--write-only: the SDK writes the compose file, then asks for its command; stop there."""
+    from sagemaker.train.local import local_container  # noqa: PLC0415
+
+    def stop(self: object, wait: bool) -> list[str]:
+        raise StopBeforeComposeError
+
+    local_container._LocalContainer._generate_compose_command = stop
+
+
+def _distributed(args: argparse.Namespace) -> object | None:
+    """distributed=MPI(...) or Torchrun(...), as a user writes it."""
+    from sagemaker.train.distributed import MPI, Torchrun  # noqa: PLC0415
+
+    if args.distributed == "mpi":
+        return MPI(
+            process_count_per_node=args.process_count, mpi_additional_options=args.mpi_option
+        )
+    if args.distributed == "torchrun":
+        return Torchrun(process_count_per_node=args.process_count)
+    return None
+
+
 def _train(args: argparse.Namespace, root: Path) -> bool:
     """The user's part: build the ModelTrainer and train; False when the job failed."""
     # Imported after the environment is set: the SDK reads its config at import.
     from sagemaker.core.training.configs import Compute, InputData, SourceCode  # noqa: PLC0415
     from sagemaker.train.model_trainer import Mode, ModelTrainer  # noqa: PLC0415
 
-    source_code = (
-        SourceCode(source_dir=str(args.source_dir), command=args.command)
-        if args.source_dir
-        else None
-    )
+    source_code = None
+    if args.entry_script:
+        source_code = SourceCode(source_dir=str(args.source_dir), entry_script=args.entry_script)
+    elif args.source_dir:
+        source_code = SourceCode(source_dir=str(args.source_dir), command=args.command)
+    if args.write_only:
+        _stop_before_compose()
     trainer = ModelTrainer(
         training_mode=Mode.LOCAL_CONTAINER,
         training_image=args.image,
@@ -66,6 +101,7 @@ def _train(args: argparse.Namespace, root: Path) -> bool:
         hyperparameters=json.loads(args.hyperparameters),
         environment=json.loads(args.environment),
         source_code=source_code,
+        distributed=_distributed(args),
     )
     channels = [
         InputData(channel_name=name, data_source=str(Path(path).resolve()))
@@ -73,11 +109,14 @@ def _train(args: argparse.Namespace, root: Path) -> bool:
     ]
     try:
         trainer.train(input_data_config=channels, wait=True)
+    except StopBeforeComposeError:
+        return True
     except RuntimeError as error:
         print(f"sdk3_job: training failed: {error}", file=sys.stderr)
         return False
     finally:
-        _compose_down(root)
+        if not args.write_only:
+            _compose_down(root)
     return True
 
 
@@ -108,6 +147,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--environment", default="{}", help="a JSON object")
     parser.add_argument("--source-dir", type=Path, help="SourceCode(source_dir=...)")
     parser.add_argument("--command", default="train", help="SourceCode(command=...)")
+    parser.add_argument("--entry-script", help="SourceCode(entry_script=...), not --command")
+    parser.add_argument("--distributed", choices=("mpi", "torchrun"))
+    parser.add_argument("--process-count", type=int, help="process_count_per_node")
+    parser.add_argument("--mpi-option", action="append", help="MPI(mpi_additional_options)")
+    parser.add_argument("--write-only", action="store_true", help="stop before compose up")
     return run_job(parser.parse_args(argv))
 
 

@@ -73,10 +73,11 @@ Transfer/sec:    232.56KB
 
 
 def test_parse_wrk_reads_counts_errors_and_percentiles() -> None:
-    run = parse_wrk(WRK_32)
+    run = parse_wrk(WRK_32 + "p99.9 latency: 61234us\n")
     assert run == WrkRun(
-        requests=4086, seconds=3.0, non_2xx=12, socket_errors=3, p50_ms=22.91, p99_ms=39.87
-    )
+        requests=4086, seconds=3.0, non_2xx=12, socket_errors=3, p50_ms=22.91, p99_ms=39.87,
+        p999_ms=61.234,
+    )  # fmt: skip
     assert run.ok_rps == pytest.approx((4086 - 12) / 3.0)
 
 
@@ -252,10 +253,12 @@ def test_table_groups_by_model_then_clients_and_round_trips_json() -> None:
     assert lines[0] == "### Serving"
     assert "wrk 4.1.0" in lines[2] and "medians of 3 run(s)" in lines[2]
     assert (
-        lines[4] == "| Model | Clients | Server | Req/s | p50 (ms) | p99 (ms) | Load 1m | Errors |"
+        lines[4]
+        == "| Model | Clients | Server | Req/s | p50 (ms) | p99 (ms) | p99.9 (ms) | Load 1m "
+        "| Errors |"
     )
     rows = [line for line in lines[6:] if line.startswith("| ")]
-    assert rows[0] == f"| {MLP} | 1 | {OURS} | 400 | 2.00 | 4.0 | 1.2 | 0 |"
+    assert rows[0] == f"| {MLP} | 1 | {OURS} | 400 | 2.00 | 4.0 | - | 1.2 | 0 |"
     assert [row.split(" | ")[2] for row in rows[2:7]] == [OURS, BASELINE, KSERVE, MLSERVER, FLOOR]
     assert rows[-1].startswith(f"| {TEXT} | 32 | {MLSERVER} | 500 |")
     assert serving_from_json(json.loads(json.dumps(dataclasses.asdict(result)))) == result

@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -244,6 +245,9 @@ def test_sigterm_drains_the_request_in_flight_and_exits_0(
         logs = container.logs()
         assert "Shutting down" in logs or "drained" in logs, logs[-2000:]
         assert "served 300 instance(s) in 30" in logs, logs[-2000:]
+        # TensorFlow and the model frozen after the load (serve/heap.py): ~280k objects.
+        frozen = re.search(r"drained; gc: \d+ full collection.*; (\d+) objects frozen", logs)
+        assert frozen and int(frozen.group(1)) > 100_000, logs[-2000:]
     finally:
         container.remove()
 

@@ -21,16 +21,17 @@ log = logging.getLogger("entrypoint")
 REQUIREMENTS_FILE = "requirements.txt"
 
 
-def install_requirements(code_dir: Path) -> None:
+def install_requirements(code_dir: Path, name: str = REQUIREMENTS_FILE) -> None:
     """What the toolkit does for script mode (entry_point.install): pip install -r
-    requirements.txt from the source directory, into the image's Python, on every host."""
-    requirements = code_dir / REQUIREMENTS_FILE
+    requirements.txt (or SDK v3's SourceCode.requirements) from the source directory, into the
+    image's Python, on every host."""
+    requirements = code_dir / name
     if not requirements.is_file():
         return
-    log.info("installing %s from the source directory", REQUIREMENTS_FILE)
+    log.info("installing %s from the source directory", name)
     command = [
         sys.executable, "-m", "pip", "install", "--no-input", "--disable-pip-version-check",
-        "--progress-bar", "off", "-r", REQUIREMENTS_FILE,
+        "--progress-bar", "off", "-r", name,
     ]  # fmt: skip
     result = subprocess.run(
         command, cwd=code_dir, capture_output=True, text=True, check=False, stdin=subprocess.DEVNULL
@@ -41,7 +42,7 @@ def install_requirements(code_dir: Path) -> None:
         output = result.stdout + result.stderr
         package = failed_requirement(output)
         what = f"cannot install {package}" if package else "pip install failed"
-        raise ContractError(f"{REQUIREMENTS_FILE}: {what} ({last_error_line(output)})")
+        raise ContractError(f"{name}: {what} ({last_error_line(output)})")
 
 
 def prepare_user_code(program: UserScript, paths: ContractPaths) -> None:
@@ -65,4 +66,4 @@ def prepare_user_code(program: UserScript, paths: ContractPaths) -> None:
             f"sagemaker_program {program.program}: no such file in {paths.code_dir}"
         )
     # Before this host serves ssh or reports ready: a failed install fails the job here.
-    install_requirements(paths.code_dir)
+    install_requirements(paths.code_dir, program.requirements)

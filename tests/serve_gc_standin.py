@@ -1,0 +1,42 @@
+"""The app factory test_serve_gc.py runs under uvicorn in its own process: serve's real app and
+batcher around a stand-in classifier whose load leaves ~300k objects alive, as importing
+TensorFlow and loading a SavedModel does (271k-284k measured, docs/serve.md).
+
+SM_TEST_GC_NO_FREEZE=1 skips the freeze: how the test was shown to fail without it."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+from starlette.applications import Starlette
+
+from serve import app, heap
+from serve.model import Model, Registry, Version
+from serve.runner import Runner
+from serve.settings import Settings
+from serve.tf_runner import Loaded, compose
+
+HEAP_OBJECTS = 300_000
+CLASSES = ("dark", "light")
+
+
+def _load(settings: Settings) -> Runner:
+    # Lists stay tracked by the collector (tuples of atoms would be untracked).
+    held = [[index] for index in range(HEAP_OBJECTS)]
+
+    def predict(images: np.ndarray) -> np.ndarray:
+        assert held  # the model's objects live as long as the model
+        light = images.reshape(len(images), -1).mean(axis=1) / 255
+        return np.stack([1 - light, light], axis=1).astype(np.float32)
+
+    model = Model("model", {1: Version(1, {})}, 1, CLASSES, predict)
+    return compose(Loaded(Registry({"model": model}, "model")), settings)
+
+
+def create_app() -> Starlette:
+    if os.environ.get("SM_TEST_GC_NO_FREEZE") == "1":
+        heap.freeze_heap = heap.gc.get_freeze_count
+    settings = Settings(model_dir=Path(os.environ["SM_SERVE_MODEL_DIR"]))
+    return app.create_app(settings, loader=_load)
