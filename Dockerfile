@@ -18,6 +18,8 @@
 # with a registry, BASE_IMAGE=debian:bookworm-slim (or an Ubuntu 22.04/24.04 image) works too.
 ARG BASE_IMAGE=sm-horovod-base:bookworm
 ARG FLAVOR=gpu
+# Stack dumps of the ranks (both images).
+ARG PY_SPY_VERSION=0.4.2
 
 ################################################################################################
 FROM ${BASE_IMAGE} AS os
@@ -183,6 +185,18 @@ RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
     rm /tmp/check-build.txt; \
     python -c 'import horovod.tensorflow.keras, mpi4py.MPI, sagemaker_training.environment'
 
+# py-spy reads every rank's stack from outside, a stopped rank's too (entrypoint/host/stacks.py,
+# a stall or a stop's grace running out); sitecustomize registers faulthandler on SIGUSR2 in the
+# ranks the entry point starts, for where ptrace is refused. A layer of their own.
+ARG PY_SPY_VERSION
+RUN --mount=type=cache,target=/root/.cache/pip \
+    --mount=type=secret,id=ca,target=/etc/ssl/certs/ca-certificates.crt \
+    set -eux; \
+    export PIP_CERT=/etc/ssl/certs/ca-certificates.crt; \
+    pip install --only-binary=:all: "py-spy==${PY_SPY_VERSION}"; \
+    py-spy --version
+COPY docker/sitecustomize.py /opt/venv/lib/python3.11/site-packages/sitecustomize.py
+
 COPY docker/docker-entrypoint.sh /usr/local/bin/docker-entrypoint.sh
 
 # This repository's code, last: a code-only change rebuilds only this layer.
@@ -320,6 +334,18 @@ RUN --mount=type=cache,target=/root/.cache/pip \
     export PIP_CERT=/etc/ssl/certs/ca-certificates.crt; \
     pip install -c /opt/requirements/constraints.txt starlette uvicorn uvloop httptools; \
     python -c 'import starlette, uvicorn, uvloop, httptools'
+
+# py-spy reads every rank's stack from outside, a stopped rank's too (entrypoint/host/stacks.py,
+# a stall or a stop's grace running out); sitecustomize registers faulthandler on SIGUSR2 in the
+# ranks the entry point starts, for where ptrace is refused. A layer of their own.
+ARG PY_SPY_VERSION
+RUN --mount=type=cache,target=/root/.cache/pip \
+    --mount=type=secret,id=ca,target=/etc/ssl/certs/ca-certificates.crt \
+    set -eux; \
+    export PIP_CERT=/etc/ssl/certs/ca-certificates.crt; \
+    pip install --only-binary=:all: "py-spy==${PY_SPY_VERSION}"; \
+    py-spy --version
+COPY docker/sitecustomize.py /opt/venv/lib/python3.11/site-packages/sitecustomize.py
 
 COPY docker/docker-entrypoint.sh /usr/local/bin/docker-entrypoint.sh
 
