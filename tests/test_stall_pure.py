@@ -4,6 +4,7 @@ the channel's stall messages: pure functions, exact values (no processes, no soc
 from __future__ import annotations
 
 import calendar
+import re
 import os
 import sys
 import time
@@ -29,6 +30,7 @@ from entrypoint.stall import (
     stall_message,
     user_frame,
 )
+from model.logline import metric_regex
 from smcommon import heartbeat
 
 T = 60.0
@@ -322,3 +324,11 @@ def test_heartbeat_writes_one_byte_into_its_pipe(monkeypatch):
     assert os.read(read_end, 10) == b"."
     os.close(read_end)
     os.close(write_end)
+
+
+def test_the_metric_definitions_match_a_tagged_line():
+    line = "[algo-2 rank 3] 2026 host=algo-2 rank=3 INFO epoch=2 loss=0.5000 accuracy=0.8000"
+    assert [re.findall(metric_regex(name), line) for name in ("epoch", "loss")] == [
+        ["2"],
+        ["0.5000"],
+    ]
