@@ -79,6 +79,8 @@ class MasterStalls:
         if self._timeout_s <= 0 or now < self._next_check:
             return None
         self._next_check = now + CHECK_INTERVAL_S
+        if not self.watch.reported(self._workers):
+            return None
         stall = find_stall(self.watch.job_samples(), self._timeout_s)
         if stall is None:
             self._since = None

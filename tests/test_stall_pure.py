@@ -4,8 +4,8 @@ the channel's stall messages: pure functions, exact values (no processes, no soc
 from __future__ import annotations
 
 import calendar
-import re
 import os
+import re
 import sys
 import time
 
@@ -19,7 +19,7 @@ from entrypoint.channel.protocol import (
     message_to_json,
 )
 from entrypoint.host import stacks
-from entrypoint.host.activity import HostWatch, ThreadTimes, parse_stat
+from entrypoint.host.activity import HostWatch, RankError, ThreadTimes, parse_stat
 from entrypoint.host.rank_output import LineAssembler, OutputPump, last_error, tag
 from entrypoint.stall import (
     Frame,
@@ -30,8 +30,10 @@ from entrypoint.stall import (
     stall_message,
     user_frame,
 )
+from entrypoint.stall_monitor import CHECK_INTERVAL_S, CONFIRM_S, MasterStalls
 from model.logline import metric_regex
 from smcommon import heartbeat
+from smcommon.failure import Reason
 
 T = 60.0
 
@@ -332,3 +334,27 @@ def test_the_metric_definitions_match_a_tagged_line():
         ["2"],
         ["0.5000"],
     ]
+
+
+def test_the_master_decides_only_with_every_workers_report_and_after_confirming():
+    clock = FakeClock()
+    watch = HostWatch("algo-1", OutputPump("algo-1", clock=clock), clock=clock, read=lambda _: None)
+    stalls = MasterStalls(watch, T, workers=("algo-2",), wall=lambda: WALL)
+    assert stalls.check(clock.now) is None  # no report from algo-2 yet
+    watch.on_report("algo-2", (sample("rank 3", 61, 61, host="algo-2"),), [])
+    clock.now += CHECK_INTERVAL_S
+    assert stalls.check(clock.now) is None  # seen, not yet confirmed
+    clock.now += CONFIRM_S
+    failure = stalls.check(clock.now)
+    assert failure is not None and failure.reason is Reason.STALLED
+    assert failure.message.startswith("no rank wrote output for 68 s (stall_timeout_seconds=60)")
+    assert "stopped progressing: algo-2 rank 3 (idle since " in failure.message
+
+
+def test_a_worker_whose_ranks_ended_reports_none():
+    clock = FakeClock()
+    watch = HostWatch("algo-1", OutputPump("algo-1", clock=clock), clock=clock, read=lambda _: None)
+    watch.on_report("algo-2", (sample("rank 3", 61, 61, host="algo-2"),), [])
+    watch.on_report("algo-2", (), [("rank 3", "ValueError: bad")])
+    assert watch.job_samples() == []
+    assert watch.wait_for_error("rank 3", 0) == RankError("rank 3", "ValueError: bad", "algo-2")

@@ -219,11 +219,16 @@ class HostWatch:
         whose output ended."""
         now = self._clock()
         with self._changed:
-            if samples or host not in self._reports:
-                self._reports[host] = (now, samples)
+            # Every report holds every live rank of its host: none left, none kept.
+            self._reports[host] = (now, samples)
             for label, line in errors:
                 self._errors.append(RankError(label, line, host))
             self._changed.notify_all()
+
+    def reported(self, hosts: Sequence[str]) -> bool:
+        """Whether each of `hosts` has reported (the rule needs every host's ranks)."""
+        with self._lock:
+            return all(host in self._reports for host in hosts)
 
     def job_samples(self) -> list[RankSample]:
         """Every host's samples: this host's now, each worker's aged since it came."""

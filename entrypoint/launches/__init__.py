@@ -45,6 +45,9 @@ def local_part(launch: Launch, *, is_master: bool, host: str) -> LocalPart:
                         process.working_dir,
                         label=str(process.task),
                         pump=watch.pump,
+                        # A ps server's main thread waits in server.join() by design: its
+                        # lines are pumped, its idleness is no stall.
+                        rank=not str(process.task).startswith("ps:"),
                     ),
                 )
                 for process in processes
