@@ -186,8 +186,9 @@ RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
     python -c 'import horovod.tensorflow.keras, mpi4py.MPI, sagemaker_training.environment'
 
 # py-spy reads every rank's stack from outside, a stopped rank's too (entrypoint/host/stacks.py,
-# a stall or a stop's grace running out); sitecustomize registers faulthandler on SIGUSR2 in the
-# ranks the entry point starts, for where ptrace is refused. A layer of their own.
+# a stall or a stop's grace running out). Where ptrace is refused, the ranks the entry point
+# starts (SM_HVD_STACKS_ON_SIGUSR2=1) write their own on SIGUSR2: a .pth line registers
+# faulthandler at start (Debian's own sitecustomize would shadow one of ours). A layer of their own.
 ARG PY_SPY_VERSION
 RUN --mount=type=cache,target=/root/.cache/pip \
     --mount=type=secret,id=ca,target=/etc/ssl/certs/ca-certificates.crt \
@@ -195,7 +196,7 @@ RUN --mount=type=cache,target=/root/.cache/pip \
     export PIP_CERT=/etc/ssl/certs/ca-certificates.crt; \
     pip install --only-binary=:all: "py-spy==${PY_SPY_VERSION}"; \
     py-spy --version
-COPY docker/sitecustomize.py /opt/venv/lib/python3.11/site-packages/sitecustomize.py
+COPY docker/sm_horovod_stacks.pth /opt/venv/lib/python3.11/site-packages/sm_horovod_stacks.pth
 
 COPY docker/docker-entrypoint.sh /usr/local/bin/docker-entrypoint.sh
 
@@ -336,8 +337,9 @@ RUN --mount=type=cache,target=/root/.cache/pip \
     python -c 'import starlette, uvicorn, uvloop, httptools'
 
 # py-spy reads every rank's stack from outside, a stopped rank's too (entrypoint/host/stacks.py,
-# a stall or a stop's grace running out); sitecustomize registers faulthandler on SIGUSR2 in the
-# ranks the entry point starts, for where ptrace is refused. A layer of their own.
+# a stall or a stop's grace running out). Where ptrace is refused, the ranks the entry point
+# starts (SM_HVD_STACKS_ON_SIGUSR2=1) write their own on SIGUSR2: a .pth line registers
+# faulthandler at start (Debian's own sitecustomize would shadow one of ours). A layer of their own.
 ARG PY_SPY_VERSION
 RUN --mount=type=cache,target=/root/.cache/pip \
     --mount=type=secret,id=ca,target=/etc/ssl/certs/ca-certificates.crt \
@@ -345,7 +347,7 @@ RUN --mount=type=cache,target=/root/.cache/pip \
     export PIP_CERT=/etc/ssl/certs/ca-certificates.crt; \
     pip install --only-binary=:all: "py-spy==${PY_SPY_VERSION}"; \
     py-spy --version
-COPY docker/sitecustomize.py /opt/venv/lib/python3.11/site-packages/sitecustomize.py
+COPY docker/sm_horovod_stacks.pth /opt/venv/lib/python3.11/site-packages/sm_horovod_stacks.pth
 
 COPY docker/docker-entrypoint.sh /usr/local/bin/docker-entrypoint.sh
 

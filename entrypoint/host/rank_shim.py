@@ -39,7 +39,8 @@ OUTPUT_LABEL_ENV = "SM_HVD_OUTPUT_LABEL"
 RANK_VARIABLES = ("OMPI_COMM_WORLD_RANK", "RANK")
 # smcommon.heartbeat.HEARTBEAT_FD_ENV (the shim imports nothing of ours).
 HEARTBEAT_FD_ENV = "SM_HVD_HEARTBEAT_FD"
-# host/stacks.STACKS_SIGNAL_ENV: docker/sitecustomize.py then writes the rank's stack on SIGUSR2.
+# host/stacks.STACKS_SIGNAL_ENV: docker/sm_horovod_stacks.pth then has the rank write its
+# stack on SIGUSR2.
 STACKS_SIGNAL_ENV = "SM_HVD_STACKS_ON_SIGUSR2"
 # Exit code when the rank cannot register or its program cannot start (a shell's "not run").
 NOT_RUN_EXIT_CODE = 127

@@ -1,5 +1,5 @@
 """Every rank's Python stack, from outside the rank: py-spy (it reads a stopped process too),
-else the rank's own faulthandler (docker/sitecustomize.py registers it on SIGUSR2 where
+else the rank's own faulthandler (docker/sm_horovod_stacks.pth registers it on SIGUSR2 where
 STACKS_SIGNAL_ENV is set; it writes to the rank's stderr, which is this host's log pump).
 
 `parse_dump` is pure: py-spy's `dump` text in, each thread's frames out.
@@ -23,7 +23,7 @@ log = logging.getLogger("entrypoint")
 PY_SPY = "py-spy"
 # One py-spy call; a rank it cannot read in this time is reported as such.
 DUMP_TIMEOUT_S = 10.0
-# Set in every rank's environment: sitecustomize registers faulthandler on SIGUSR2 then.
+# Set in every rank's environment: docker/sm_horovod_stacks.pth registers faulthandler on SIGUSR2.
 STACKS_SIGNAL_ENV = "SM_HVD_STACKS_ON_SIGUSR2"
 _SOURCE_CHARS = 120
 
@@ -96,7 +96,7 @@ def py_spy_dump(pid: int, timeout_s: float = DUMP_TIMEOUT_S) -> str | None:
 
 
 def faulthandler_dump(pid: int) -> bool:
-    """Ask the rank to write its own stacks (SIGUSR2; docker/sitecustomize.py): they reach the
+    """Ask the rank to write its own stacks (SIGUSR2; docker/sm_horovod_stacks.pth): they reach the
     log through its output, tagged; the rank must be running (not stopped) to answer."""
     try:
         os.kill(pid, signal.SIGUSR2)
