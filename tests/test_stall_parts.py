@@ -108,8 +108,12 @@ def test_a_frozen_rank_is_sampled_stopped(tmp_path: Path):
     try:
         until(lambda: registry.pids == [process.pid])
         os.kill(process.pid, signal.SIGSTOP)
-        watch.sample()
-        until(lambda: (watch.sample(), watch.samples())[1][0].stopped)
+
+        def frozen() -> bool:
+            watch.sample()
+            return any(sample.stopped for sample in watch.samples())
+
+        until(frozen)
         assert [sample.label for sample in watch.samples()] == ["rank 1"]
     finally:
         process.kill()
