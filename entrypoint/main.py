@@ -33,7 +33,7 @@ from entrypoint.groups import describe_roles
 from entrypoint.host import netif, probes, sshkeys, usercode
 from entrypoint.job import format_command
 from entrypoint.plan import JobPlan, launch_lines, make_plan, require_channel
-from smcommon.failure import Failure, Reason, record_failure
+from smcommon.failure import STOPPED_EXIT_CODE, Failure, Reason, record_failure
 from smcommon.names import (
     BUILTIN_PROGRAM_CHECK,
     EXIT_LINE,
@@ -157,6 +157,10 @@ def prepare(contract: Contract, plan: JobPlan, env: Mapping[str, str]) -> bytes 
 
 def run(env: Mapping[str, str], paths: ContractPaths) -> int:
     """Read the contract, plan the job, prepare this host, supervise its part."""
+    # Before anything slow (the user's code from S3, pip): a stop during set-up also leaves
+    # its failure line, and the host exits at once.
+    stop = threading.Event()
+    handlers = supervise.install_stop_handlers(stop)
     contract = read_contract(paths, env)
     role = "master" if contract.current_host == contract.master_host else "worker"
     configure_logging(contract.current_host, role, contract.settings.log_level)
@@ -179,9 +183,12 @@ def run(env: Mapping[str, str], paths: ContractPaths) -> int:
         log.info("instance groups: %s", describe_roles(contract, plan.roles))
     for line in launch_lines(plan):
         log.info("%s", line)
-    job_key = prepare(contract, plan, env)
-    stop = threading.Event()
-    supervise.install_stop_handlers(stop)
+    try:
+        with handlers.setting_up():
+            job_key = prepare(contract, plan, env)
+    except supervise.SetupStopped as stopped:
+        stopped.host = contract.current_host
+        raise
     config = supervise.ShellConfig(
         output_dir=paths.output_dir,
         host_wait_timeout_s=contract.settings.host_wait_timeout_s,
@@ -208,6 +215,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _run_reporting_failures(env: Mapping[str, str], paths: ContractPaths) -> int:
     try:
         return run(env, paths)
+    except supervise.SetupStopped as stopped:
+        failure = Failure(
+            Reason.STOPPED,
+            f"stopped by {stopped.signal_name} during set-up",
+            stopped.host,
+        )
+        log.error("%s", failure.line)
+        record_failure(paths.output_dir, failure)
+        return STOPPED_EXIT_CODE
     except ContractError as error:
         failure = Failure(Reason.BAD_INPUT, str(error))
         log.error("%s", failure.line)

@@ -19,19 +19,27 @@ Time comes from a Clock in ShellConfig, so unit tests drive the loops with a fak
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Protocol
 
 from entrypoint import groups
 from entrypoint.channel.coordination import MasterChannel, WorkerChannel
-from entrypoint.channel.protocol import Exited, Verdict, host_verdict, suspect_peers
+from entrypoint.channel.protocol import (
+    Exited,
+    Verdict,
+    host_verdict,
+    suspect_peers,
+    with_fault,
+)
 from entrypoint.host.children import KILL_WAIT_S
+from entrypoint.host.oom import MemoryCounters, OomWatch, oom_failure, read_counters
 from entrypoint.job import VerdictRule, format_command
 from entrypoint.launches import local_part
 from entrypoint.part import Supervised
@@ -86,6 +94,7 @@ class MasterEnd(Protocol):
     def connected(self) -> frozenset[str]: ...
     def lost(self) -> dict[str, str]: ...
     def exits(self) -> dict[str, Exited]: ...
+    def faults(self) -> dict[str, Failure]: ...
     def silences(self) -> dict[str, float]: ...
     def drop(self, host: str, why: str) -> None: ...
     def stop_requested(self) -> str | None: ...
@@ -109,6 +118,7 @@ class WorkerEnd(Protocol):
     def lost(self) -> str | None: ...
 
     def send_exited(self, exit_code: int, failure: Failure | None) -> None: ...
+    def send_fault(self, failure: Failure) -> None: ...
     def send_stop(self) -> None: ...
 
 
@@ -138,6 +148,8 @@ class ShellConfig:
     # stall_timeout_seconds (stall.py); 0: no stall detection.
     stall_timeout_s: float = 0.0
     clock: Clock = dataclasses.field(default_factory=Clock)
+    # The container's memory cgroup (its OOM kills), read on every loop turn.
+    read_memory: Callable[[], MemoryCounters] = read_counters
 
 
 # --------------------------------------------------------------------------------------------
@@ -189,6 +201,46 @@ def _unready_message(
 
 
 # --------------------------------------------------------------------------------------------
+# Faults no process of the job can report itself
+
+
+class _FaultWatch:
+    """This host's watch for the kernel's OOM killer, begun before the part starts: `check()`
+    returns the fault the first time it is seen (the loops pass it on), `own` keeps it."""
+
+    def __init__(self, host: str, read: Callable[[], MemoryCounters]) -> None:
+        self._host = host
+        self._watch = OomWatch(read)
+        self.own: Failure | None = None
+
+    def check(self) -> Failure | None:
+        if self.own is not None:
+            return None
+        kills = self._watch.check()
+        if kills is None:
+            return None
+        self.own = oom_failure(kills, self._host)
+        log.error("%s", self.own.line)
+        return self.own
+
+    def explain(self, failure: Failure | None) -> Failure | None:
+        """This host's part's failure, explained by this host's fault where there is one."""
+        self.check()
+        if failure is None or self.own is None:
+            return failure
+        return with_fault(failure, {self._host: self.own}, (self._host,))
+
+
+def _known_faults(channel: MasterEnd | None, own: _FaultWatch) -> dict[str, Failure]:
+    """Every host's fault the master knows of: the workers' (Fault), and its own."""
+    own.check()
+    faults = channel.faults() if channel is not None else {}
+    if own.own is not None and own.own.host is not None:
+        faults.setdefault(own.own.host, own.own)
+    return faults
+
+
+# --------------------------------------------------------------------------------------------
 # Master
 
 
@@ -234,15 +286,16 @@ class _Grace:
         return now >= self.deadline
 
 
-def _settle_lost(channel: MasterEnd | None, clock: Clock) -> dict[str, str]:
+def _settle_lost(channel: MasterEnd | None, clock: Clock, faults: _FaultWatch) -> dict[str, str]:
     """Hosts the channel reports lost within LOSS_SETTLE_S (a closed connection is seen in
-    milliseconds; this only waits when mpirun failed)."""
+    milliseconds; this only waits when mpirun failed). A fault reported meanwhile (a worker's
+    rank killed for memory) ends the wait too: it is the explanation."""
     deadline = clock.now() + LOSS_SETTLE_S
     # Nothing sets this: the wait is a plain sleep on the injected clock.
     never = threading.Event()
     while channel is not None:
         lost = channel.lost()
-        if lost or clock.now() >= deadline:
+        if lost or _known_faults(channel, faults) or clock.now() >= deadline:
             return lost
         clock.wait(never, POLL_INTERVAL_S)
     return {}
@@ -258,7 +311,13 @@ def _host_lost(lost: dict[str, str], plan: JobPlan | None = None) -> JobError:
 
 
 def _mpirun_outcome(
-    code: int, part: Supervised, channel: MasterEnd | None, stop: threading.Event, clock: Clock
+    code: int,
+    part: Supervised,
+    channel: MasterEnd | None,
+    stop: threading.Event,
+    clock: Clock,
+    *,
+    faults: _FaultWatch,
 ) -> JobError | None:
     log.info("mpirun exited with code %d", code)
     if stop.is_set():
@@ -269,7 +328,7 @@ def _mpirun_outcome(
     # explains the failure better than mpirun's exit code. A host cut off the network sends no
     # FIN; mpirun's ssh keep-alive gives up on it within ~10 s, before the silence bound, so a
     # worker silent for several heartbeats is the explanation then.
-    lost = _settle_lost(channel, clock)
+    lost = _settle_lost(channel, clock, faults)
     if lost:
         return _host_lost(lost)
     suspects = suspect_peers(channel.silences(), SUSPECT_SILENCE_S) if channel else []
@@ -292,6 +351,7 @@ def _supervise_master(
     config: ShellConfig,
     stop: threading.Event,
     *,
+    faults: _FaultWatch,
     stalls: MasterStalls | None = None,
 ) -> Verdict:
     """Until the job's outcome is known: the verdict of the launch's rule, or a JobError for
@@ -311,6 +371,7 @@ def _supervise_master(
     while True:
         told = channel is not None and channel.stop_requested() is not None
         expired = grace.check(told=told)
+        faults.check()
         code = part.poll()
         lost = channel.lost() if channel else {}
         if lost:
@@ -319,7 +380,7 @@ def _supervise_master(
         distributed: Verdict | None = None
         if rule is VerdictRule.MASTER_PART:
             if code is not None:
-                error = _mpirun_outcome(code, part, channel, stop, clock)
+                error = _mpirun_outcome(code, part, channel, stop, clock, faults=faults)
                 if error is not None:
                     raise error
                 distributed = Verdict(0)
@@ -367,7 +428,9 @@ def run_master(
     """The master's whole life after the contract was read: returns the job's exit code.
 
     On a failure the workers hear the verdict before mpirun is ended: they end their own ranks
-    at once, instead of waiting for mpirun's teardown, which can hang on a lost host."""
+    at once, instead of waiting for mpirun's teardown, which can hang on a lost host. A fault
+    some host saw (the kernel's OOM killer) explains the failure (protocol.with_fault)."""
+    faults = _FaultWatch(plan.current_host, config.read_memory)
     try:
         try:
             if channel is not None:
@@ -382,9 +445,14 @@ def run_master(
                 channel.start_workers()
             log.info("%s", summary_line(plan))
             part.start()
-            verdict = _supervise_master(plan, part, channel, config, stop, stalls=stalls)
+            verdict = _supervise_master(
+                plan, part, channel, config, stop, faults=faults, stalls=stalls
+            )
         except JobError as error:
             verdict = Verdict(error.exit_code, error.failure_on(plan.current_host))
+        if verdict.failure is not None and verdict.exit_code != 0:
+            failure = with_fault(verdict.failure, _known_faults(channel, faults), plan.hosts)
+            verdict = Verdict(verdict.exit_code, failure)
         if verdict.failure is not None:
             log.error("%s", verdict.failure.line)
             # Every host records the failure that won here (a rank's own may have come first).
@@ -409,6 +477,7 @@ def _supervise_worker(
     config: ShellConfig,
     stop: threading.Event,
     *,
+    faults: _FaultWatch,
     stalls: WorkerStalls | None = None,
 ) -> int:
     clock = config.clock
@@ -438,6 +507,10 @@ def _supervise_worker(
         if channel.lost is not None:
             part.end()
             raise JobError.of(Reason.MASTER_LOST, channel.lost)
+        fault = faults.check()
+        if fault is not None:
+            # At once: under mpirun the master only sees the rank's exit.
+            channel.send_fault(fault)
         if not started and channel.started and not stop.is_set():
             # This host's own command (torchrun's --node-rank differs from the master's).
             log.info("running: %s", format_command(list(plan.command)))
@@ -446,7 +519,7 @@ def _supervise_worker(
         code = part.poll()
         if code is not None and not reported:
             log.info("local part ended with code %d; waiting for the master's verdict", code)
-            channel.send_exited(code, part.failure(code))
+            channel.send_exited(code, faults.explain(part.failure(code)))
             reported = True
         if stalls is not None:
             stalls.tick(clock.now())
@@ -488,8 +561,9 @@ def run_worker(
     stalls: WorkerStalls | None = None,
 ) -> int:
     """A worker's whole life after the contract was read: returns the master's verdict."""
+    faults = _FaultWatch(plan.current_host, config.read_memory)
     try:
-        return _supervise_worker(plan, part, channel, config, stop, stalls=stalls)
+        return _supervise_worker(plan, part, channel, config, stop, faults=faults, stalls=stalls)
     except JobError as error:
         failure = error.failure_on(plan.current_host)
         log.error("%s", failure.line)
@@ -565,14 +639,60 @@ def run_host(
 # Signals
 
 
-def install_stop_handlers(stop: threading.Event) -> None:
+class SetupStopped(BaseException):
+    """A stop (SIGTERM, SIGINT) came while this host was still setting up (fetching the user's
+    code, installing its requirements.txt): raised in the set-up step itself, so the host ends
+    within moments instead of after a download or an install that may take minutes. A
+    BaseException, as KeyboardInterrupt is: the steps' own `except Exception` must not swallow
+    it as one more error of theirs."""
+
+    def __init__(self, signal_name: str) -> None:
+        super().__init__(signal_name)
+        self.signal_name = signal_name
+        # The host it happened on, once known (the contract names it).
+        self.host: str | None = None
+
+
+class StopHandlers:
     """SIGTERM (StopTrainingJob, spot interruption, docker stop) and SIGINT set `stop`; the
-    supervising loops forward it to the ranks and bound the grace period."""
+    supervising loops forward it to the ranks and bound the grace period. Installed before
+    anything slow: inside `setting_up()` a stop also raises SetupStopped in the step that runs.
+    """
 
-    def request_stop(signum: int, _frame: object) -> None:
-        if not stop.is_set():
-            log.warning("received %s", signal.Signals(signum).name)
-        stop.set()
+    def __init__(self, stop: threading.Event) -> None:
+        self.stop = stop
+        self._interrupt = False
 
-    signal.signal(signal.SIGTERM, request_stop)
-    signal.signal(signal.SIGINT, request_stop)
+    def install(self) -> StopHandlers:
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+        return self
+
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        name = signal.Signals(signum).name
+        if not self.stop.is_set():
+            log.warning("received %s", name)
+        self.stop.set()
+        if self._interrupt:
+            # Once: the step's own clean-up (ending pip's group) runs undisturbed.
+            self._interrupt = False
+            raise SetupStopped(name)
+
+    @contextlib.contextmanager
+    def setting_up(self) -> Iterator[None]:
+        """Set-up steps run inside: a stop before, during or right after them raises
+        SetupStopped (nothing of the job has started yet, so there is nothing to forward)."""
+        if self.stop.is_set():
+            raise SetupStopped("SIGTERM")
+        self._interrupt = True
+        try:
+            yield
+        finally:
+            self._interrupt = False
+        if self.stop.is_set():
+            raise SetupStopped("SIGTERM")
+
+
+def install_stop_handlers(stop: threading.Event) -> StopHandlers:
+    """The stop handlers (StopHandlers), installed."""
+    return StopHandlers(stop).install()

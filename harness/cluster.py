@@ -62,6 +62,9 @@ class Cluster:
     instance_groups: Mapping[str, tuple[str, Sequence[str]]] = dataclasses.field(
         default_factory=dict
     )
+    # More `docker run` options for every host: fault tests' limits and mounts (`--memory 512m`
+    # for the OOM killer, a small tmpfs volume at /opt/ml/checkpoints for a full disk).
+    run_options: Sequence[str] = ()
 
     @property
     def network(self) -> str:
@@ -116,6 +119,7 @@ class Cluster:
             args += ["--volume", f"{source}:{target}:ro"]
         for name, value in env.items():
             args += ["--env", f"{name}={value}"]
+        args += self.run_options
         command = self.host_commands.get(host, ("train",))
         return docker_command(self.docker, *args, self.image, *command, check=False)
 

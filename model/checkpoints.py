@@ -5,10 +5,15 @@ name, then renamed): SageMaker uploads the checkpoint dir to S3 while the job ru
 it back on a restart (managed spot training), so a half-written checkpoint must never look
 like the latest one. TensorFlow is not imported here: the caller passes the function that
 writes the weights.
+
+A full disk (ENOSPC) while writing is DiskFullError, which names the checkpoint and the one
+that is kept: the half-written folder is removed and the older checkpoints stay, so the next
+job resumes from the newest complete one.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -22,6 +27,49 @@ STATE_FILE = "state.json"
 # The TensorFlow checkpoint prefix inside a checkpoint folder.
 WEIGHTS_PREFIX = "weights"
 _NAME = re.compile(r"epoch-(\d{6,})")
+
+
+class DiskFullError(OSError):
+    """No space left on the device while writing checkpoint `path`; `kept` is the epoch count
+    of the newest complete checkpoint left in its directory (None: there is none)."""
+
+    def __init__(self, path: Path, kept: int | None) -> None:
+        super().__init__(errno.ENOSPC, disk_full_message(path, kept))
+        self.path = path
+        self.kept = kept
+
+    def __str__(self) -> str:
+        return disk_full_message(self.path, self.kept)
+
+
+def disk_full_message(path: Path, kept: int | None) -> str:
+    """The failure line's message: ENOSPC, the checkpoint's path, what the next job resumes
+    from."""
+    resume = (
+        f"the checkpoint of epoch {kept} is kept and the next job resumes from it"
+        if kept is not None
+        else "no earlier checkpoint exists: the next job starts afresh"
+    )
+    return f"no space left on device (ENOSPC) writing the checkpoint to {path}; {resume}"
+
+
+# How TensorFlow's file system layer words ENOSPC (strerror), where it raises its own errors
+# (tf.errors.ResourceExhaustedError) instead of OSError.
+_ENOSPC_TEXT = os.strerror(errno.ENOSPC)
+
+
+def is_disk_full(error: BaseException) -> bool:
+    """Whether `error`, or an error it was raised from, is ENOSPC."""
+    seen: BaseException | None = error
+    visited: set[int] = set()
+    while seen is not None and id(seen) not in visited:
+        visited.add(id(seen))
+        if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if _ENOSPC_TEXT in str(seen):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def checkpoint_name(epoch: int) -> str:
@@ -62,8 +110,25 @@ def save_checkpoint(
 
     `write_weights(prefix)` writes the TensorFlow checkpoint files under `prefix`.
     """
-    directory.mkdir(parents=True, exist_ok=True)
     target = directory / checkpoint_name(epoch)
+    try:
+        _write(directory, target, write_weights, state)
+    except Exception as error:
+        if is_disk_full(error):
+            kept = latest_checkpoint(directory)
+            raise DiskFullError(target, kept[0] if kept else None) from error
+        raise
+    _prune(directory, keep)
+    return target
+
+
+def _write(
+    directory: Path,
+    target: Path,
+    write_weights: Callable[[str], object],
+    state: Mapping[str, Any],
+) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=directory))
     try:
         write_weights(str(staging / WEIGHTS_PREFIX))
@@ -79,10 +144,9 @@ def save_checkpoint(
         else:
             os.replace(staging, target)
     finally:
+        # A failed write (a full disk) leaves nothing half-written behind.
         if staging.exists():
             shutil.rmtree(staging)
-    _prune(directory, keep)
-    return target
 
 
 def _prune(directory: Path, keep: int) -> None:

@@ -13,6 +13,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from model.checkpoints import DiskFullError
 from model.hparams import HyperparameterError, parse_argv, parse_hyperparameters
 from model.images import DataError
 from model.paths import paths_from_env
@@ -48,9 +49,9 @@ def launcher_rank(env: Mapping[str, str]) -> str:
     return next((env[name] for name in _RANK_VARIABLES if env.get(name)), "0")
 
 
-def _fail(output_dir: Path, reason: Reason, message: str) -> int:
+def _fail(output_dir: Path, reason: Reason, message: str, host: str | None = None) -> int:
     log.error("%s: %s", reason.value, message)
-    record_failure(output_dir, Failure(reason, message))
+    record_failure(output_dir, Failure(reason, message, host))
     return FAILED_EXIT_CODE
 
 
@@ -91,6 +92,8 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
         return _fail(paths.output_dir, Reason.BAD_DATA, str(error))
     except training.CheckpointMismatchError as error:
         return _fail(paths.output_dir, Reason.BAD_INPUT, str(error))
+    except DiskFullError as error:
+        return _fail(paths.output_dir, Reason.DISK_FULL, str(error), host)
     # Anything else is a bug or an environment problem: one traceback, one failure line.
     except Exception as error:
         log.exception("training failed")

@@ -49,6 +49,11 @@ class Reason(enum.Enum):
     # The training program failed: mpirun (so at least one rank), a host's program or a
     # tf.distribute task exited non-zero.
     TRAINING_FAILED = "TrainingFailed"
+    # The kernel's OOM killer ended a process of the job: the container's memory limit was
+    # reached (a rank cannot say so itself: SIGKILL leaves it no last words).
+    OUT_OF_MEMORY = "OutOfMemory"
+    # A write failed for want of space (ENOSPC): the built-in model's checkpoint.
+    DISK_FULL = "DiskFull"
     # No rank wrote output for stall_timeout_seconds and some rank stopped progressing
     # (entrypoint/stall.py): the job was ended instead of hanging until MaxRuntimeInSeconds.
     STALLED = "Stalled"

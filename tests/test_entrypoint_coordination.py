@@ -159,6 +159,18 @@ def read_body(sock: socket.socket) -> bytes:
     return sock.recv(int.from_bytes(header, "big"), socket.MSG_WAITALL)
 
 
+def test_a_worker_reports_a_fault_once_it_sees_it(master, connect):
+    """A rank the OOM killer ended cannot say so: its host tells the master at once."""
+    workers = [connect(host) for host in WORKERS]
+    until(lambda: master.connected() == set(WORKERS))
+    oom = Failure(Reason.OUT_OF_MEMORY, "the kernel's OOM killer ended a process", "algo-3")
+    workers[1].send_fault(oom)
+    workers[1].send_fault(Failure(Reason.OUT_OF_MEMORY, "a later one", "algo-3"))
+    until(lambda: master.faults() != {})
+    assert master.faults() == {"algo-3": oom}
+    assert master.lost() == {}
+
+
 def test_workers_connect_start_report_and_get_the_verdict(master, connect):
     workers = [connect(host) for host in WORKERS]
     until(lambda: master.connected() == set(WORKERS))
@@ -415,18 +427,18 @@ def test_a_worker_of_another_version_is_refused_by_name(master):
     with sock:
         frames = FrameReader(key, Direction.TO_WORKER)
         assert frames.decode(read_body(sock)) == Refused(
-            "protocol version 1 on algo-2, 4 on the master"
+            "protocol version 1 on algo-2, 5 on the master"
         )
         assert sock.recv(1 << 16) == b""  # and hung up on
-    assert master.lost() == {"algo-2": "protocol version 1 on algo-2, 4 on the master"}
+    assert master.lost() == {"algo-2": "protocol version 1 on algo-2, 5 on the master"}
     assert master.connected() == frozenset()
 
 
 def test_both_ends_name_both_versions(master, connect, monkeypatch):
-    monkeypatch.setattr(session_module, "PROTOCOL_VERSION", 5)  # this worker speaks 5
+    monkeypatch.setattr(session_module, "PROTOCOL_VERSION", 6)  # this worker speaks 6
     worker = connect("algo-2")
     until(lambda: worker.lost)
-    why = "protocol version 5 on algo-2, 4 on the master"
+    why = "protocol version 6 on algo-2, 5 on the master"
     assert worker.lost == f"master localhost refused this host: {why}"
     assert master.lost() == {"algo-2": why}
 

@@ -17,6 +17,7 @@ from entrypoint.channel.protocol import (
     Ack,
     Direction,
     Exited,
+    Fault,
     FrameReader,
     FrameWriter,
     Heartbeat,
@@ -42,6 +43,7 @@ from entrypoint.channel.protocol import (
     silent_peers,
     suspect_peers,
     version_refusal,
+    with_fault,
 )
 from smcommon.failure import Failure, Reason, parse_failure
 
@@ -70,7 +72,7 @@ def test_keys_are_deterministic_and_separate():
 @pytest.mark.parametrize(
     ("message", "text"),
     [
-        (Hello("algo-2"), b'{"host":"algo-2","type":"hello","version":4}'),
+        (Hello("algo-2"), b'{"host":"algo-2","type":"hello","version":5}'),
         (Heartbeat(), b'{"type":"heartbeat"}'),
         (Start(), b'{"type":"start"}'),
         (Exited(3, Failure(Reason.TRAINING_FAILED, "x", "algo-2")),
@@ -81,8 +83,11 @@ def test_keys_are_deterministic_and_separate():
          b'"reason":"Stopped"},"type":"verdict"}'),
         (Verdict(0), b'{"exit_code":0,"failure":null,"type":"verdict"}'),
         (Ack(), b'{"type":"ack"}'),
-        (Refused("protocol version 1 on algo-2, 4 on the master"),
-         b'{"reason":"protocol version 1 on algo-2, 4 on the master","type":"refused"}'),
+        (Fault(Failure(Reason.OUT_OF_MEMORY, "the kernel's OOM killer ended a process", "algo-2")),
+         b'{"failure":{"host":"algo-2","message":"the kernel\'s OOM killer ended a process",'
+         b'"reason":"OutOfMemory"},"type":"fault"}'),
+        (Refused("protocol version 1 on algo-2, 5 on the master"),
+         b'{"reason":"protocol version 1 on algo-2, 5 on the master","type":"refused"}'),
         (Request(7, Heartbeat()), b'{"body":{"type":"heartbeat"},"request_id":7,"type":"request"}'),
         (Response(7, Exited(0)),
          b'{"body":{"exit_code":0,"failure":null,"type":"exited"},"error":null,"request_id":7,'
@@ -103,10 +108,10 @@ def test_messages_as_exact_json(message, text):
         (b"[1]", "must be a JSON object"),
         (b'{"type":"launch"}', "unknown message type"),
         (b'{"exit_code":0}', "unknown message type"),
-        (b'{"type":"hello","version":4}', "Hello without a host name"),
-        (b'{"type":"hello","host":"","version":4}', "Hello without a host name"),
+        (b'{"type":"hello","version":5}', "Hello without a host name"),
+        (b'{"type":"hello","host":"","version":5}', "Hello without a host name"),
         (b'{"type":"hello","host":"a","version":true}', "Hello with protocol version True"),
-        (b'{"type":"hello","host":"a","version":4,"x":1}', "unexpected fields \\['x'\\] in Hello"),
+        (b'{"type":"hello","host":"a","version":5,"x":1}', "unexpected fields \\['x'\\] in Hello"),
         (b'{"type":"verdict","exit_code":true}', "exit code True is not an integer"),
         (b'{"type":"verdict","exit_code":256}', "exit code 256"),
         (b'{"type":"verdict","exit_code":"0"}', "exit code '0'"),
@@ -246,19 +251,19 @@ def test_a_message_type_is_known_only_to_its_catalog():
 @pytest.mark.parametrize(
     ("text", "hello", "refusal"),
     [
-        (b'{"host":"algo-2","type":"hello","version":4}', Hello("algo-2", 4), None),
+        (b'{"host":"algo-2","type":"hello","version":5}', Hello("algo-2", 5), None),
         # the first protocol sent no version
         (b'{"host":"algo-2","type":"hello"}', Hello("algo-2", 1),
-         "protocol version 1 on algo-2, 4 on the master"),
+         "protocol version 1 on algo-2, 5 on the master"),
         # a later version may say more, or less: it is refused for its version, by name
-        (b'{"host":"algo-2","type":"hello","version":5,"rank":0}', Hello("algo-2", 5),
-         "protocol version 5 on algo-2, 4 on the master"),
-        (b'{"type":"hello","version":5}', Hello("", 5),
-         "protocol version 5 on the worker, 4 on the master"),
+        (b'{"host":"algo-2","type":"hello","version":6,"rank":0}', Hello("algo-2", 6),
+         "protocol version 6 on algo-2, 5 on the master"),
+        (b'{"type":"hello","version":6}', Hello("", 6),
+         "protocol version 6 on the worker, 5 on the master"),
     ],
 )  # fmt: skip
 def test_hello_carries_the_protocol_version(text, hello, refusal):
-    assert PROTOCOL_VERSION == 4
+    assert PROTOCOL_VERSION == 5
     decoded = message_from_json(text)
     assert isinstance(decoded, Hello)
     assert decoded == hello
@@ -352,3 +357,48 @@ def test_per_host_verdict(exits, stopping, verdict):
 )  # fmt: skip
 def test_parse_failure(line, parsed):
     assert parse_failure(line) == parsed
+
+
+# --------------------------------------------------------------------------------------------
+# Faults
+
+
+def test_a_fault_carries_a_failure_and_travels_to_the_master_only():
+    with pytest.raises(ProtocolError, match="a Fault carries a failure"):
+        message_from_json(b'{"type":"fault","failure":null}')
+    fault = Fault(Failure(Reason.OUT_OF_MEMORY, "oom", "algo-2"))
+    assert fault.travels(Direction.TO_MASTER)
+    assert not fault.travels(Direction.TO_WORKER)
+
+
+OOM_ON_2 = Failure(
+    Reason.OUT_OF_MEMORY,
+    "the kernel's OOM killer ended a process of the job (the container's memory limit is 512 MiB)",
+    "algo-2",
+)
+OOM_ON_3 = dataclasses.replace(OOM_ON_2, host="algo-3")
+MPIRUN_FAILED = Failure(
+    Reason.TRAINING_FAILED,
+    "mpirun exited with code 137; last error: rank 2: killed",
+    "algo-1",
+)
+
+
+def test_a_fault_explains_the_failure_the_launcher_saw():
+    assert with_fault(MPIRUN_FAILED, {"algo-2": OOM_ON_2}, HOSTS).line == (
+        "OutOfMemory: the kernel's OOM killer ended a process of the job "
+        "(the container's memory limit is 512 MiB); then: mpirun exited with code 137; "
+        "last error: rank 2: killed (on algo-2)"
+    )
+
+
+def test_the_first_host_in_order_with_a_fault_explains_it():
+    faults = {"algo-3": OOM_ON_3, "algo-2": OOM_ON_2}
+    assert with_fault(MPIRUN_FAILED, faults, ("algo-1", "algo-2", "algo-3")).host == "algo-2"
+
+
+def test_no_fault_a_stop_or_a_fault_itself_stays_as_it_is():
+    assert with_fault(MPIRUN_FAILED, {}, HOSTS) is MPIRUN_FAILED
+    stopped = Failure(Reason.STOPPED, "stopped by SIGTERM", "algo-1")
+    assert with_fault(stopped, {"algo-2": OOM_ON_2}, HOSTS) is stopped
+    assert with_fault(OOM_ON_3, {"algo-2": OOM_ON_2}, HOSTS) is OOM_ON_3

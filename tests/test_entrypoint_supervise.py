@@ -19,6 +19,7 @@ from entrypoint import supervise
 from entrypoint.channel.protocol import Exited, Verdict
 from entrypoint.contract import parse_contract
 from entrypoint.host.children import KILL_WAIT_S
+from entrypoint.host.oom import MemoryCounters
 from entrypoint.job import VerdictRule
 from entrypoint.plan import JobPlan, make_plan
 from smcommon.failure import Failure, Reason
@@ -106,6 +107,7 @@ class FakeMasterChannel:
     connected_hosts: frozenset[str] = frozenset()
     lost_hosts: dict[str, str] = dataclasses.field(default_factory=dict)
     reported: dict[str, Exited] = dataclasses.field(default_factory=dict)
+    reported_faults: dict[str, Failure] = dataclasses.field(default_factory=dict)
     silent: dict[str, float] = dataclasses.field(default_factory=dict)
     unacknowledged: list[str] = dataclasses.field(default_factory=list)
     started: bool = False
@@ -130,6 +132,9 @@ class FakeMasterChannel:
     def exits(self) -> dict[str, Exited]:
         return dict(self.reported)
 
+    def faults(self) -> dict[str, Failure]:
+        return dict(self.reported_faults)
+
     def silences(self) -> dict[str, float]:
         return dict(self.silent)
 
@@ -153,14 +158,29 @@ class FakeWorkerChannel:
     verdict: Verdict | None = None
     lost: str | None = None
     sent: list[tuple[int, Failure | None]] = dataclasses.field(default_factory=list)
+    faults_sent: list[Failure] = dataclasses.field(default_factory=list)
     stops_sent: int = 0
     longest_silence_s: float = 0.5
+
+    def send_fault(self, failure: Failure) -> None:
+        self.faults_sent.append(failure)
 
     def send_exited(self, exit_code: int, failure: Failure | None) -> None:
         self.sent.append((exit_code, failure))
 
     def send_stop(self) -> None:
         self.stops_sent += 1
+
+
+@dataclasses.dataclass
+class FakeMemory:
+    """The container's memory cgroup: the test raises its OOM kill count."""
+
+    oom_kills: int = 0
+    limit_bytes: int | None = 512 << 20
+
+    def read(self) -> MemoryCounters:
+        return MemoryCounters(self.oom_kills, self.limit_bytes)
 
 
 def plan_for(hyperparameters: dict[str, str], current: str = "algo-1") -> JobPlan:
@@ -179,9 +199,18 @@ def clock() -> FakeClock:
 
 
 @pytest.fixture
-def config(tmp_path: Path, clock: FakeClock) -> supervise.ShellConfig:
+def memory() -> FakeMemory:
+    return FakeMemory()
+
+
+@pytest.fixture
+def config(tmp_path: Path, clock: FakeClock, memory: FakeMemory) -> supervise.ShellConfig:
     return supervise.ShellConfig(
-        output_dir=tmp_path, host_wait_timeout_s=60.0, sigterm_grace_s=GRACE_S, clock=clock
+        output_dir=tmp_path,
+        host_wait_timeout_s=60.0,
+        sigterm_grace_s=GRACE_S,
+        clock=clock,
+        read_memory=memory.read,
     )
 
 
@@ -312,7 +341,10 @@ def test_the_master_ends_the_job_after_the_grace_period(config, clock):
 
 def mpi_master(config, part, channel, stop=None):
     plan = plan_for(SCRIPT)
-    return supervise._supervise_master(plan, part, channel, config, stop or threading.Event())
+    faults = supervise._FaultWatch(plan.current_host, config.read_memory)
+    return supervise._supervise_master(
+        plan, part, channel, config, stop or threading.Event(), faults=faults
+    )
 
 
 def test_mpirun_succeeding_is_the_jobs_success(config):
@@ -390,6 +422,106 @@ def test_mpirun_ending_after_a_stop_is_a_stop(config):
     with pytest.raises(supervise.JobError) as error:
         mpi_master(config, mpirun_part(code=1), FakeMasterChannel(), stop)
     assert (error.value.failure.reason, error.value.exit_code) == (Reason.STOPPED, 143)
+
+
+# --------------------------------------------------------------------------------------------
+# Faults no rank can report itself: the kernel's OOM killer
+
+OOM_ON_2 = Failure(
+    Reason.OUT_OF_MEMORY,
+    "the kernel's OOM killer ended a process of the job (the container's memory limit is 512 MiB)",
+    "algo-2",
+)
+RANK_KILLED = Failure(
+    Reason.TRAINING_FAILED,
+    "mpirun exited with code 137; last error: rank 2: killed by signal 9",
+    "algo-2",
+)
+
+
+def test_mpirun_failing_after_a_worker_reported_oom_is_out_of_memory(config, clock):
+    """mpirun only sees a rank's exit; the worker's Fault arrives a moment later."""
+    channel = FakeMasterChannel(
+        connected_hosts=frozenset(HOSTS[1:]), silent={"algo-2": 0.2, "algo-3": 0.2}
+    )
+    clock.at(0.3, lambda: channel.reported_faults.update({"algo-2": OOM_ON_2}))
+    part = mpirun_part(code=137, failed=RANK_KILLED)
+    code = supervise.run_master(plan_for(SCRIPT), part, channel, config, threading.Event())
+    assert code == 137
+    assert failure_file(config) == (
+        "OutOfMemory: the kernel's OOM killer ended a process of the job (the "
+        "container's memory limit is 512 MiB); then: mpirun exited with code 137; last error: "
+        "rank 2: killed by signal 9 (on algo-2)\n"
+    )
+    # The settle ended when the fault came, not after LOSS_SETTLE_S.
+    assert clock.time < supervise.LOSS_SETTLE_S
+    told = channel.verdicts[0][0].failure
+    assert told is not None
+    assert told.reason is Reason.OUT_OF_MEMORY
+
+
+def test_an_oom_kill_on_the_masters_own_host_names_it(config, clock, memory):
+    channel = FakeMasterChannel(
+        connected_hosts=frozenset(HOSTS[1:]), silent={"algo-2": 0.2, "algo-3": 0.2}
+    )
+    part = mpirun_part()
+    clock.at(1.0, lambda: setattr(memory, "oom_kills", 2))
+    clock.at(1.2, lambda: setattr(part, "code", 137))
+    code = supervise.run_master(plan_for(SCRIPT), part, channel, config, threading.Event())
+    assert code == 137
+    assert str(failure_file(config)).startswith(
+        "OutOfMemory: the kernel's OOM killer ended 2 processes of the job (the "
+        "container's memory limit is 512 MiB); then: the program exited with code 137"
+    )
+
+
+def test_kills_before_the_job_started_are_not_the_jobs(config, clock, memory):
+    memory.oom_kills = 5  # a process of an earlier job, before this entry point began
+    part = FakePart()
+    clock.at(1.0, lambda: setattr(part, "code", 1))
+    channel = FakeMasterChannel(connected_hosts=frozenset(HOSTS[1:]))
+    assert supervise.run_master(plan_for(PER_HOST), part, channel, config, threading.Event()) == 1
+    assert str(failure_file(config)).startswith("TrainingFailed:")
+
+
+def test_a_per_host_failure_elsewhere_is_explained_by_a_workers_fault(config):
+    """The master's own program failed first (its peer vanished), the worker saw why."""
+    channel = FakeMasterChannel(
+        connected_hosts=frozenset(HOSTS[1:]), reported_faults={"algo-2": OOM_ON_2}
+    )
+    part = FakePart(code=1)
+    assert supervise.run_master(plan_for(PER_HOST), part, channel, config, threading.Event()) == 1
+    assert str(failure_file(config)).startswith(
+        "OutOfMemory: the kernel's OOM killer ended a process of the job"
+    )
+    assert str(failure_file(config)).endswith("then: the program exited with code 1 (on algo-2)\n")
+
+
+def test_a_worker_tells_the_master_at_once_and_explains_its_own_exit(config, clock, memory):
+    part = FakePart(host="algo-2")
+    channel = FakeWorkerChannel(started=True)
+    clock.at(1.0, lambda: setattr(memory, "oom_kills", 1))
+    clock.at(1.5, lambda: setattr(part, "code", 137))
+    clock.at(3.0, lambda: setattr(channel, "verdict", Verdict(137, OOM_ON_2)))
+    assert run_worker(config, plan_for(PER_HOST, current="algo-2"), part, channel) == 137
+    assert channel.faults_sent == [OOM_ON_2]
+    ((code, failure),) = channel.sent
+    assert code == 137
+    assert failure is not None
+    assert failure.line == (
+        "OutOfMemory: the kernel's OOM killer ended a process of the job (the "
+        "container's memory limit is 512 MiB); then: the program exited with code 137 (on algo-2)"
+    )
+
+
+def test_an_mpi_worker_reports_the_fault_though_its_part_reports_nothing(config, clock, memory):
+    part = FakePart(starts_on_start=False, reports_exit=False)
+    channel = FakeWorkerChannel(started=True)
+    clock.at(1.0, lambda: setattr(memory, "oom_kills", 1))
+    clock.at(2.0, lambda: setattr(channel, "verdict", Verdict(137, OOM_ON_2)))
+    assert run_worker(config, plan_for(SCRIPT, current="algo-2"), part, channel) == 137
+    assert channel.faults_sent == [OOM_ON_2]
+    assert channel.sent == []
 
 
 # --------------------------------------------------------------------------------------------

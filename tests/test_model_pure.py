@@ -3,6 +3,7 @@ schedule, checkpoint folders, the stop request, log lines. Runs on the host."""
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -13,8 +14,10 @@ import pytest
 
 from model.checkpoints import (
     STATE_FILE,
+    DiskFullError,
     checkpoint_epoch,
     checkpoint_name,
+    is_disk_full,
     latest_checkpoint,
     read_state,
     save_checkpoint,
@@ -271,6 +274,59 @@ def test_a_failed_write_leaves_no_trace(tmp_path: Path) -> None:
     with pytest.raises(OSError, match="disk full"):
         save_checkpoint(tmp_path, 2, failing, {})
     assert [entry.name for entry in tmp_path.iterdir()] == ["epoch-000001"]
+
+
+def test_a_full_disk_names_enospc_the_path_and_the_kept_checkpoint(tmp_path: Path) -> None:
+    """A real ENOSPC (/dev/full) halfway through the weights: the half-written folder goes,
+    the previous checkpoint stays the latest, and the error says so in one line."""
+
+    def onto_a_full_disk(prefix: str) -> str:
+        Path(prefix + ".index").write_text("index", encoding="utf-8")
+        with open("/dev/full", "wb") as full:
+            full.write(b"x" * 8192)
+            full.flush()
+        return prefix
+
+    save_checkpoint(tmp_path, 1, fake_weights, {"epoch": 1})
+    with pytest.raises(DiskFullError) as raised:
+        save_checkpoint(tmp_path, 2, onto_a_full_disk, {"epoch": 2})
+    assert str(raised.value) == (
+        f"no space left on device (ENOSPC) writing the checkpoint to {tmp_path}/epoch-000002; "
+        "the checkpoint of epoch 1 is kept and the next job resumes from it"
+    )
+    assert raised.value.errno == errno.ENOSPC
+    assert [entry.name for entry in tmp_path.iterdir()] == ["epoch-000001"]
+    assert latest_checkpoint(tmp_path) == (1, tmp_path / "epoch-000001")
+
+
+def test_tensorflows_enospc_wording_is_a_full_disk_too(tmp_path: Path) -> None:
+    class ResourceExhaustedError(Exception):
+        """tf.errors.ResourceExhaustedError as TensorFlow's file system raises it."""
+
+    def tensorflow_write(prefix: str) -> str:
+        raise ResourceExhaustedError(
+            f"{prefix}_temp/part-00000-of-00001.data-00000-of-00001.tempstate1; "
+            "No space left on device"
+        )
+
+    with pytest.raises(DiskFullError, match="no earlier checkpoint exists") as raised:
+        save_checkpoint(tmp_path, 1, tensorflow_write, {})
+    assert raised.value.kept is None
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_only_enospc_is_a_full_disk() -> None:
+    assert is_disk_full(OSError(errno.ENOSPC, "No space left on device"))
+    assert is_disk_full(OSError(errno.EDQUOT, "Disk quota exceeded"))
+    try:
+        try:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        except OSError as inner:
+            raise RuntimeError("write failed") from inner
+    except RuntimeError as outer:
+        assert is_disk_full(outer)
+    assert not is_disk_full(OSError(errno.EACCES, "Permission denied"))
+    assert not is_disk_full(ValueError("bad weights"))
 
 
 def test_saving_the_same_epoch_again_replaces_it(tmp_path: Path) -> None:

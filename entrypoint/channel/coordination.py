@@ -33,6 +33,7 @@ from entrypoint.channel.protocol import (
     Catalog,
     Direction,
     Exited,
+    Fault,
     FrameReader,
     FrameWriter,
     Hello,
@@ -81,7 +82,7 @@ def _merge(own: Handlers, extra: Handlers | None) -> dict[type[Message], Handler
 class MasterChannel:
     """The master's end: accepts one connection per worker and serves them all from one thread.
 
-    Thread-safe accessors for the supervising loop: `connected()`, `lost()`, `exits()`,
+    Thread-safe accessors for the supervising loop: `connected()`, `lost()`, `exits()`, `faults()`,
     `silences()`, `drop()`, `start_workers()`, `send_verdict()`, `request()`, `close()`.
     `handlers` adds handlers for a feature's messages (and `catalog` their wire names).
     """
@@ -106,12 +107,19 @@ class MasterChannel:
         self._every_session: list[Session] = []
         self._lost: dict[str, str] = {}
         self._exits: dict[str, Exited] = {}
+        # The first fault each worker reported (Fault: the kernel's OOM killer).
+        self._faults: dict[str, Failure] = {}
         self._acked: set[str] = set()
         self._verdict_sent = False
         # The first worker that said the job is stopping (Stop), if any.
         self._stop_from: str | None = None
         self._thread = LoopThread("channel")
-        own: Handlers = {Exited: self._on_exited, Ack: self._on_ack, Stop: self._on_stop}
+        own: Handlers = {
+            Exited: self._on_exited,
+            Fault: self._on_fault,
+            Ack: self._on_ack,
+            Stop: self._on_stop,
+        }
         listening = serve(
             port=port,
             job_key=job_key,
@@ -149,6 +157,11 @@ class MasterChannel:
     def exits(self) -> dict[str, Exited]:
         with self._lock:
             return dict(self._exits)
+
+    def faults(self) -> dict[str, Failure]:
+        """The faults the workers reported (Fault), by host."""
+        with self._lock:
+            return dict(self._faults)
 
     def silences(self) -> dict[str, float]:
         """Seconds since each connected worker was last heard from."""
@@ -263,6 +276,13 @@ class MasterChannel:
         with self._lock:
             self._exits[session.peer] = message
         log.info("%s: its part ended with code %d", session.peer, message.exit_code)
+
+    def _on_fault(self, session: Session, message: Fault) -> None:
+        with self._lock:
+            first = session.peer not in self._faults
+            self._faults.setdefault(session.peer, message.failure)
+        if first:
+            log.error("%s reports: %s", session.peer, message.failure.line)
 
     def _on_ack(self, session: Session, _message: Ack) -> None:
         with self._changed:
@@ -379,6 +399,10 @@ class WorkerChannel:
 
     def send_exited(self, exit_code: int, failure: Failure | None) -> None:
         self._thread.call(lambda: self._send(Exited(exit_code, failure)))
+
+    def send_fault(self, failure: Failure) -> None:
+        """Tell the master about a fault no process of the job can report itself."""
+        self._thread.call(lambda: self._send(Fault(failure)))
 
     def send_stop(self) -> None:
         """Tell the master this host is stopping (it got SIGTERM)."""

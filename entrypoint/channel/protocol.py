@@ -12,6 +12,7 @@ One TCP connection per worker, opened by the worker to the master:
     master -> worker   Refused {reason} (another version) |
     both ways          Heartbeat every HEARTBEAT_INTERVAL_S  |  authenticated with the
     master -> worker   Start (every worker said Hello)    |  connection's session key
+    worker -> master   Fault {failure}                    |
     worker -> master   Exited {code, failure}             |  (a failure: {reason,
     master -> worker   Verdict {code, failure}            |   message, host} or null)
     worker -> master   Ack                               /
@@ -49,8 +50,9 @@ from entrypoint.stall import Frame, RankSample
 from smcommon.failure import STOPPED_EXIT_CODE, Failure, Reason
 
 # Sent in every Hello; a master refuses a worker that speaks another version. 2: Hello carries
-# the version; Refused, Request and Response exist. 3: Stop. 4: RankReport, DumpStacks.
-PROTOCOL_VERSION = 4
+# the version; Refused, Request and Response exist. 3: Stop. 4: Fault; the failure reasons
+# OutOfMemory and DiskFull. 5: RankReport, DumpStacks, StacksDumped; the reason Stalled.
+PROTOCOL_VERSION = 5
 # What a Hello without a version field is: the first protocol, which sent none.
 _UNVERSIONED = 1
 NONCE_BYTES = 16
@@ -298,6 +300,28 @@ class Verdict(_Outcome):
 
 
 @dataclasses.dataclass(frozen=True)
+class Fault(Message):
+    """A worker saw a fault that no process of the job can report itself (the kernel's OOM
+    killer ended one of its ranks): sent at once, while mpirun, which only sees the rank's
+    exit, is still ending the job; the master's failure prefers it (with_fault)."""
+
+    TYPE = "fault"
+    TRAVELS = frozenset({Direction.TO_MASTER})
+
+    failure: Failure
+
+    def to_json(self) -> Fields:
+        return {"failure": _failure_to_json(self.failure)}
+
+    @classmethod
+    def from_json(cls, fields: Fields, catalog: Catalog) -> Self:
+        failure = _failure(fields.get("failure"))
+        if failure is None:
+            raise ProtocolError("a Fault carries a failure")
+        return cls(failure)
+
+
+@dataclasses.dataclass(frozen=True)
 class Ack(Message):
     """The worker has the verdict; the master may exit."""
 
@@ -521,7 +545,7 @@ def catalog(*types: type[Message]) -> dict[str, type[Message]]:
 
 # Every message of the channel itself; a feature that adds messages extends this table.
 MESSAGES: tuple[type[Message], ...] = (
-    Hello, Refused, Heartbeat, Start, Stop, Exited, Verdict, Ack, Request, Response,
+    Hello, Refused, Heartbeat, Start, Stop, Fault, Exited, Verdict, Ack, Request, Response,
     RankReport, DumpStacks, StacksDumped,
 )  # fmt: skip
 CATALOG: Catalog = catalog(*MESSAGES)
@@ -735,3 +759,14 @@ def chief_verdict(
 ) -> Verdict | None:
     """The chief host's success ends the job (host_verdict with a chief)."""
     return host_verdict(hosts, exits, chief=chief_host, stopping=stopping)
+
+
+def with_fault(failure: Failure, faults: Mapping[str, Failure], order: Sequence[str]) -> Failure:
+    """The job's failure, explained by a fault a host saw (the kernel's OOM killer) where there
+    is one: the first in `order` (host order), followed by what the launcher saw of it. A stop
+    stays a stop, and a failure that is already a fault stays as it is."""
+    if failure.reason in (Reason.STOPPED, Reason.OUT_OF_MEMORY) or not faults:
+        return failure
+    host = next((host for host in order if host in faults), next(iter(faults)))
+    fault = faults[host]
+    return dataclasses.replace(fault, message=f"{fault.message}; then: {failure.message}")

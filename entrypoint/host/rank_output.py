@@ -34,8 +34,9 @@ MAX_LINE_BYTES = 64 * 1024
 # Lines each stream keeps for its failure's error line.
 KEEP_LINES = 200
 _READ_BYTES = 64 * 1024
-# Lines that read like an error (the failure file names the last one).
-ERROR_MARKERS = ("Error", "error:", "Exception", "FAILED", "Traceback")
+# Lines that read like an error (the failure file names the last one); "exited on signal":
+# mpirun naming the rank a signal ended (SIGKILL: the OOM killer).
+ERROR_MARKERS = ("Error", "error:", "Exception", "FAILED", "Traceback", "exited on signal")
 
 
 def tag(host: str, label: str) -> bytes:

@@ -8,9 +8,13 @@ ready. The only module besides `supervise` and `launchers` that starts a process
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import signal
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from entrypoint.contract import ContractError, ContractPaths, UserScript
@@ -19,6 +23,8 @@ from smcommon.pipoutput import failed_requirement, last_error_line
 log = logging.getLogger("entrypoint")
 
 REQUIREMENTS_FILE = "requirements.txt"
+# How long pip gets to exit on SIGTERM when the host stops during its install.
+GROUP_END_WAIT_S = 2.0
 
 
 def install_requirements(code_dir: Path, name: str = REQUIREMENTS_FILE) -> None:
@@ -33,16 +39,46 @@ def install_requirements(code_dir: Path, name: str = REQUIREMENTS_FILE) -> None:
         sys.executable, "-m", "pip", "install", "--no-input", "--disable-pip-version-check",
         "--progress-bar", "off", "-r", name,
     ]  # fmt: skip
-    result = subprocess.run(
-        command, cwd=code_dir, capture_output=True, text=True, check=False, stdin=subprocess.DEVNULL
-    )
-    for line in (result.stdout + result.stderr).splitlines():
+    returncode, output = run_own_group(command, code_dir)
+    for line in output.splitlines():
         log.info("pip: %s", line)
-    if result.returncode != 0:
-        output = result.stdout + result.stderr
+    if returncode != 0:
         package = failed_requirement(output)
         what = f"cannot install {package}" if package else "pip install failed"
         raise ContractError(f"{name}: {what} ({last_error_line(output)})")
+
+
+def run_own_group(command: Sequence[str], cwd: Path) -> tuple[int, str]:
+    """Run `command` in its own session and return its exit code and output (stdout, then
+    stderr). Whatever interrupts the wait (a stop during set-up raises SetupStopped here) ends
+    the command's whole process group first: pip's build backends and compilers are its
+    children, and ours to end."""
+    process = subprocess.Popen(
+        command,
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        stdout, stderr = process.communicate()
+    except BaseException:
+        _end_group(process)
+        raise
+    return process.returncode, stdout + stderr
+
+
+def _end_group(process: subprocess.Popen[str]) -> None:
+    """SIGTERM to the group, GROUP_END_WAIT_S for the leader, then SIGKILL to the group."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        process.wait(GROUP_END_WAIT_S)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
 
 
 def prepare_user_code(program: UserScript, paths: ContractPaths) -> None:

@@ -306,12 +306,13 @@ class MpirunPart(PartBase):
             error = self.watch.wait_for_error(f"rank {failed}", RANK_ERROR_WAIT_S)
             if error is not None:
                 return exit_failure(exited, f"rank {failed}: {error.line}", error.host)
+        # mpirun's own words (a rank a signal ended: "... exited on signal 9 (Killed)."), else
+        # the first error a rank printed.
+        line = self._child.error_line() if self._child is not None else None
         errors = self.watch.errors()
-        if errors:
-            # mpirun named no rank (or that rank printed no error): the first error reported.
+        if line is None and errors:
             first = errors[0]
             return exit_failure(exited, f"{first.label}: {first.line}", first.host)
-        line = self._child.error_line() if self._child is not None else None
         return exit_failure(exited, line, self._host)
 
     def close(self) -> None:

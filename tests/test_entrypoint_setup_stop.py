@@ -1,0 +1,114 @@
+"""A stop during set-up (the user's code from S3, pip install of requirements.txt) ends the host
+at once: the step that runs is interrupted, pip's whole process group is ended, and the failure
+line says the job was stopped during set-up."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from entrypoint import main, supervise
+from entrypoint.contract import ContractPaths
+from entrypoint.host import usercode
+from smcommon.failure import STOPPED_EXIT_CODE
+
+
+@pytest.fixture
+def restore_signals():
+    saved = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT)}
+    yield
+    for signum, handler in saved.items():
+        signal.signal(signum, handler)
+
+
+def test_a_stop_inside_set_up_raises_in_the_step(restore_signals) -> None:
+    stop = threading.Event()
+    handlers = supervise.install_stop_handlers(stop)
+    with pytest.raises(supervise.SetupStopped) as raised, handlers.setting_up():
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # interrupted: the handler raises at once
+    assert raised.value.signal_name == "SIGTERM"
+    assert stop.is_set()
+
+
+def test_a_stop_before_set_up_raises_on_entry(restore_signals) -> None:
+    stop = threading.Event()
+    handlers = supervise.install_stop_handlers(stop)
+    stop.set()
+    with pytest.raises(supervise.SetupStopped), handlers.setting_up():
+        pytest.fail("the step must not run")
+
+
+def test_outside_set_up_a_stop_only_sets_the_event(restore_signals) -> None:
+    stop = threading.Event()
+    supervise.install_stop_handlers(stop)
+    os.kill(os.getpid(), signal.SIGTERM)
+    assert stop.wait(5)
+
+
+def test_an_interrupted_command_loses_its_whole_group(tmp_path: Path, restore_signals) -> None:
+    """pip's children (build backends) are ours: the group goes, not only the leader."""
+    pidfile = tmp_path / "child.pid"
+    stop = threading.Event()
+    handlers = supervise.install_stop_handlers(stop)
+    timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM))
+    started = time.monotonic()
+    timer.start()
+    with pytest.raises(supervise.SetupStopped), handlers.setting_up():
+        usercode.run_own_group(["sh", "-c", f"sleep 60 & echo $! > {pidfile}; wait"], tmp_path)
+    assert time.monotonic() - started < usercode.GROUP_END_WAIT_S + 5
+    child = int(pidfile.read_text())
+    deadline = time.monotonic() + 5
+    while psutil.pid_exists(child) and psutil.Process(child).status() != psutil.STATUS_ZOMBIE:
+        assert time.monotonic() < deadline, "the command's child outlived the stop"
+        time.sleep(0.05)
+
+
+def test_a_stop_during_set_up_is_one_stopped_line_and_143(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, restore_signals
+) -> None:
+    def slow_prepare(*_args: object) -> None:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(30)
+
+    monkeypatch.setattr(main, "prepare", slow_prepare)
+    monkeypatch.setattr(main, "read_contract", lambda *_: _contract(tmp_path))
+    monkeypatch.setattr(main, "make_plan", lambda *_a, **_k: None)
+    monkeypatch.setattr(main, "launch_lines", lambda _plan: [])
+    monkeypatch.setattr(main, "_log_job", lambda _contract: None)
+    paths = ContractPaths(tmp_path)
+    started = time.monotonic()
+    code = main._run_reporting_failures({}, paths)
+    assert code == STOPPED_EXIT_CODE
+    assert time.monotonic() - started < 10
+    assert (paths.output_dir / "failure").read_text() == (
+        "Stopped: stopped by SIGTERM during set-up (on algo-2)\n"
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class _Settings:
+    log_level: int = logging.INFO
+
+
+@dataclasses.dataclass(frozen=True)
+class _Contract:
+    """What `run` reads of a contract before set-up (the rest is faked above)."""
+
+    current_host: str = "algo-2"
+    master_host: str = "algo-1"
+    network_interface_name: str = "lo"
+    settings: _Settings = dataclasses.field(default_factory=_Settings)
+    is_hetero: bool = False
+
+
+def _contract(_root: Path) -> _Contract:
+    return _Contract()
