@@ -31,13 +31,7 @@ from typing import Protocol
 
 from entrypoint import groups
 from entrypoint.channel.coordination import MasterChannel, WorkerChannel
-from entrypoint.channel.protocol import (
-    Exited,
-    Verdict,
-    host_verdict,
-    suspect_peers,
-    with_fault,
-)
+from entrypoint.channel.protocol import Exited, Verdict, host_verdict, suspect_peers, with_fault
 from entrypoint.host.children import KILL_WAIT_S
 from entrypoint.host.oom import MemoryCounters, OomWatch, oom_failure, read_counters
 from entrypoint.job import VerdictRule, format_command

@@ -77,7 +77,8 @@ def test_planning_a_ps_job_loads_no_tensorflow():
         "'sagemaker_program': 'a.py'}\n"
         "launch = make_plan(parse(hyperparameters), gpu_count=0).launch\n"
         "launches.local_part(launch, is_master=True, host='algo-1')\n"
-        "print(sorted(m for m in sys.modules if m.startswith(('tensorflow', 'entrypoint.ps_'))))\n"
+        "served = ('tensorflow', 'entrypoint.launches.tf_distribute.ps_server')\n"
+        "print(sorted(m for m in sys.modules if m.startswith(served)))\n"
     )
     result = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
