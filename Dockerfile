@@ -18,6 +18,8 @@
 # with a registry, BASE_IMAGE=debian:bookworm-slim (or an Ubuntu 22.04/24.04 image) works too.
 ARG BASE_IMAGE=sm-horovod-base:bookworm
 ARG FLAVOR=gpu
+# Stack dumps of the ranks (both images).
+ARG PY_SPY_VERSION=0.4.2
 
 ################################################################################################
 FROM ${BASE_IMAGE} AS os
@@ -183,6 +185,19 @@ RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
     rm /tmp/check-build.txt; \
     python -c 'import horovod.tensorflow.keras, mpi4py.MPI, sagemaker_training.environment'
 
+# py-spy reads every rank's stack from outside, a stopped rank's too (entrypoint/host/stacks.py,
+# a stall or a stop's grace running out). Where ptrace is refused, the ranks the entry point
+# starts (SM_HVD_STACKS_ON_SIGUSR2=1) write their own on SIGUSR2: a .pth line registers
+# faulthandler at start (Debian's own sitecustomize would shadow one of ours). A layer of their own.
+ARG PY_SPY_VERSION
+RUN --mount=type=cache,target=/root/.cache/pip \
+    --mount=type=secret,id=ca,target=/etc/ssl/certs/ca-certificates.crt \
+    set -eux; \
+    export PIP_CERT=/etc/ssl/certs/ca-certificates.crt; \
+    pip install --only-binary=:all: "py-spy==${PY_SPY_VERSION}"; \
+    py-spy --version
+COPY docker/sm_horovod_stacks.pth /opt/venv/lib/python3.11/site-packages/sm_horovod_stacks.pth
+
 COPY docker/docker-entrypoint.sh /usr/local/bin/docker-entrypoint.sh
 
 # This repository's code, last: a code-only change rebuilds only this layer.
@@ -321,6 +336,32 @@ RUN --mount=type=cache,target=/root/.cache/pip \
     pip install -c /opt/requirements/constraints.txt starlette uvicorn uvloop httptools; \
     python -c 'import starlette, uvicorn, uvloop, httptools'
 
+# torch.compile's default backend (inductor) builds its CPU kernels, and triton its GPU
+# launchers, with the system's C++ compiler and Python's headers when a model first runs:
+# without them a user's model_fn that compiles its model fails at the first request
+# (docs/torch.md: what this layer adds to the image).
+# hadolint ignore=DL3008
+RUN set -eux; \
+    apt-get update; \
+    apt-get install -y --no-install-recommends g++ python3-dev; \
+    rm -rf /var/lib/apt/lists/*; \
+    python -c 'import torch; f = torch.compile(lambda x: x.sin() + 1); assert float(f(torch.zeros(4)).sum()) == 4.0'; \
+# The check's compiled kernels (inductor's cache, ~120 MB) stay out of the layer.
+    rm -rf /tmp/torchinductor_*
+
+# py-spy reads every rank's stack from outside, a stopped rank's too (entrypoint/host/stacks.py,
+# a stall or a stop's grace running out). Where ptrace is refused, the ranks the entry point
+# starts (SM_HVD_STACKS_ON_SIGUSR2=1) write their own on SIGUSR2: a .pth line registers
+# faulthandler at start (Debian's own sitecustomize would shadow one of ours). A layer of their own.
+ARG PY_SPY_VERSION
+RUN --mount=type=cache,target=/root/.cache/pip \
+    --mount=type=secret,id=ca,target=/etc/ssl/certs/ca-certificates.crt \
+    set -eux; \
+    export PIP_CERT=/etc/ssl/certs/ca-certificates.crt; \
+    pip install --only-binary=:all: "py-spy==${PY_SPY_VERSION}"; \
+    py-spy --version
+COPY docker/sm_horovod_stacks.pth /opt/venv/lib/python3.11/site-packages/sm_horovod_stacks.pth
+
 COPY docker/docker-entrypoint.sh /usr/local/bin/docker-entrypoint.sh
 
 # This repository's code, last: no TensorFlow code (the built-in model and tf_s3, whose program
@@ -357,7 +398,7 @@ RUN set -eux; \
     python -c 'import smdistributed.dataparallel.torch.torch_smddp, torch.distributed as d; d.init_process_group(backend="smddp"); assert d.get_backend() == "smddp"; d.destroy_process_group()'; \
 # `serve` runs the PyTorch runner here and never imports TensorFlow (there is none).
     [ "$(command -v serve)" = /opt/venv/bin/serve ]; \
-    SM_IMAGE_FLAVOR=${FLAVOR} python -c 'import sys, serve.app, serve.torch_runner; assert "tensorflow" not in sys.modules'; \
+    SM_IMAGE_FLAVOR=${FLAVOR} python -c 'import sys, serve.app, serve.torch.runner; assert "tensorflow" not in sys.modules'; \
 # sshd (mpirun between hosts) must accept its configuration; a throwaway host key proves it.
     ssh-keygen -q -t ed25519 -N '' -f /tmp/check_host_key; \
     /usr/sbin/sshd -t -o HostKey=/tmp/check_host_key; \

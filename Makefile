@@ -32,6 +32,8 @@ IMMUTABLE  ?=
 BUCKET     ?=
 ARGS       ?=
 PYTEST_ARGS ?=
+# The images `make facts` measures (those not built here are left as last measured).
+FACT_IMAGES ?= $(IMAGE):cpu,$(IMAGE):torch-cpu,$(IMAGE):gpu,$(IMAGE):torch
 
 GIT_SHA := $(shell git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
 TAG     ?= $(FLAVOR)
@@ -114,9 +116,13 @@ $(VENV)/.installed: requirements-dev.txt
 	touch $@
 
 .PHONY: smoke
+# `make smoke` and `make test` record their own wall time when they pass (build/facts/;
+# `make facts` renders it).
 smoke: setup venv ## Train the built-in model on digits in one container, as SageMaker would
+	@$(PY) -m bench.facts start smoke
 	@$(DOCKER) image inspect $(IMAGE):cpu >/dev/null 2>&1 || $(MAKE) build FLAVOR=cpu DOCKER=$(DOCKER)
 	$(PY) -m tests.smoke --image $(IMAGE):cpu --docker $(DOCKER) --workdir build/smoke
+	@$(PY) -m bench.facts finish smoke
 
 # `make serve MODEL_DIR=build/smoke/hosts/algo-1/model`: what SageMaker's `docker run IMAGE serve`
 # does, on this machine (SERVE_ENV="-e SM_SERVE_MAX_BATCH_SIZE=64" passes settings).
@@ -140,15 +146,26 @@ $(SDK3_VENV)/.installed: requirements-sdk3.txt
 	touch $@
 
 .PHONY: test
+# The unit tests run first and stop the run on a failure, before any image is built; each
+# pytest run keeps its per-test durations in build/test-results/ (junit XML).
 test: setup venv venv-sdk3 ## Run every test: unit tests, then the cluster tests on the CPU images
+	@$(PY) -m bench.facts start test
+	$(PY) -m pytest -m "not docker" --junitxml=build/test-results/unit.xml $(PYTEST_ARGS)
 	$(MAKE) build FLAVOR=cpu DOCKER=$(DOCKER)
 	$(MAKE) build FLAVOR=torch-cpu DOCKER=$(DOCKER)
 	SM_IMAGE=$(IMAGE):cpu SM_TORCH_IMAGE=$(IMAGE):torch-cpu DOCKER=$(DOCKER) \
-	    SDK3_PYTHON=$(abspath $(SDK3_VENV))/bin/python $(PY) -m pytest $(PYTEST_ARGS)
+	    SDK3_PYTHON=$(abspath $(SDK3_VENV))/bin/python \
+	    $(PY) -m pytest -m docker --junitxml=build/test-results/docker.xml $(PYTEST_ARGS)
+	@$(PY) -m bench.facts finish test
 
 .PHONY: test-unit
 test-unit: venv ## Run the unit tests only (no Docker)
-	$(PY) -m pytest -m "not docker" $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not docker" --junitxml=build/test-results/unit.xml $(PYTEST_ARGS)
+
+.PHONY: facts
+facts: venv ## Measure the images' sizes, render them and the recorded smoke/test times; refresh the docs' tables
+	$(PY) -m bench.facts render --docker $(DOCKER) --images $(FACT_IMAGES) --out bench/results
+	$(PY) -m bench.docs
 
 .PHONY: lint
 lint: venv ## ruff, mypy, hadolint, cfn-lint and checkov

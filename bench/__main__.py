@@ -6,6 +6,7 @@ python -m bench --only accuracy  # one measurement, merged into the existing res
 python -m bench --only serving   # serve vs Flask, KServe, MLServer, a floor (~12 min)
 python -m bench --only strategies  # Horovod vs MultiWorkerMirroredStrategy, and the MWMS fault
 python -m bench --only torch       # our torch backend vs bare torchrun (--torch-image)
+python -m bench --only watchdog    # what stall detection costs a healthy job (off vs default)
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType
+from typing import Any, TypeVar
 
 from bench.accuracy import AccuracyResult, measure_accuracy
 from bench.bandwidth import BandwidthResult, measure_bandwidth
@@ -28,11 +30,13 @@ from bench.launchers import Launcher
 from bench.machine import describe_machine
 from bench.overhead import FaultRun, OverheadRun, measure_fault, measure_overhead
 from bench.pipeline import PipelineResult, measure_pipeline
+from bench.provenance import Provenance, start_measuring
 from bench.report import Results, load_results, write_report
 from bench.serving import ServingResult, measure_serving
 from bench.strategies import StrategiesResult, measure_strategies
 from bench.torch_backend import DEFAULT_IMAGE as DEFAULT_TORCH_IMAGE
 from bench.torch_backend import TorchResult, image_exists, measure_torch
+from bench.watchdog import WatchdogResult, measure_watchdog
 from bench.workspace import Workspace, workspace
 
 log = logging.getLogger("bench")
@@ -47,6 +51,7 @@ MEASUREMENTS = (
     "serving",
     "strategies",
     "torch",
+    "watchdog",
 )
 # Which field of Results each measurement fills (for --only's merge).
 RESULT_FIELDS = {
@@ -59,6 +64,7 @@ RESULT_FIELDS = {
     "serving": "serving",
     "strategies": "strategies",
     "torch": "torch_backend",
+    "watchdog": "watchdog",
 }
 # How long a fault run waits for the surviving hosts: the toolkit's workers poll for the
 # master's status file every 30 s and check the master only every 2 minutes.
@@ -165,10 +171,35 @@ def fault_runs(space: Workspace, settings: Settings) -> list[FaultRun]:
     return runs
 
 
+T = TypeVar("T")
+
+
+@dataclasses.dataclass
+class SectionRecorder:
+    """Runs each section's measurement and keeps its own provenance (date, commit, machine,
+    load before and after, duration), under the section's name in MEASUREMENTS."""
+
+    settings: Settings
+    sections: dict[str, Provenance] = dataclasses.field(default_factory=dict)
+
+    def measure(self, name: str, measurement: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        started = start_measuring(settings_text(self.settings))
+        value = measurement(*args, **kwargs)
+        self.sections[name] = started.finish()
+        log.info("%s: took %.1f s", name, self.sections[name].seconds)
+        return value
+
+
+def settings_text(settings: Settings) -> str:
+    return "`--quick`, 1 run each" if settings.quick else f"medians of {settings.repeats} runs"
+
+
 def run(settings: Settings) -> Results:
     started = time.monotonic()
     machine = describe_machine(settings.docker, settings.image)
     log.info("machine: %s", machine)
+    recorder = SectionRecorder(settings)
+    measure = recorder.measure
     overhead: list[OverheadRun] = []
     faults: list[FaultRun] = []
     bandwidth: BandwidthResult | None = None
@@ -178,27 +209,33 @@ def run(settings: Settings) -> Results:
     serving: ServingResult | None = None
     strategies: StrategiesResult | None = None
     torch_backend: TorchResult | None = None
+    watchdog: WatchdogResult | None = None
     if "serving" not in settings.skip:
-        serving = measure_serving(settings.docker, settings.image, quick=settings.quick)
+        serving = measure("serving", measure_serving, settings.docker, settings.image,
+                          quick=settings.quick)  # fmt: skip
     with workspace(settings.docker, settings.image, keep=settings.keep_scratch) as space:
         if "overhead" not in settings.skip:
-            overhead = overhead_runs(space, settings)
+            overhead = measure("overhead", overhead_runs, space, settings)
         if "fault" not in settings.skip:
-            faults = fault_runs(space, settings)
+            faults = measure("fault", fault_runs, space, settings)
         if "bandwidth" not in settings.skip:
-            bandwidth = measure_bandwidth(space, settings.sizes_mb)
+            bandwidth = measure("bandwidth", measure_bandwidth, space, settings.sizes_mb)
         if "pipeline" not in settings.skip:
-            pipeline = measure_pipeline(space, settings.pipeline_seconds)
+            pipeline = measure("pipeline", measure_pipeline, space, settings.pipeline_seconds)
         if "accuracy" not in settings.skip:
-            accuracy = measure_accuracy(space, (1,) if settings.quick else (1, 2, 3))
+            accuracy = measure("accuracy", measure_accuracy, space,
+                               (1,) if settings.quick else (1, 2, 3))  # fmt: skip
         if "strategies" not in settings.skip:
-            strategies = measure_strategies(space, quick=settings.quick)
+            strategies = measure("strategies", measure_strategies, space, quick=settings.quick)
         if "torch" not in settings.skip:
-            torch_backend = _measure_torch(space, settings)
+            torch_backend = measure("torch", _measure_torch, space, settings)
+            if torch_backend is None:
+                del recorder.sections["torch"]
+        if "watchdog" not in settings.skip:
+            watchdog = measure("watchdog", measure_watchdog, space, quick=settings.quick)
         if settings.only in {None, "rebuild"}:
-            image = measure_image(
-                settings.docker, settings.image, space.root, rebuild="rebuild" not in settings.skip
-            )
+            image = measure("rebuild", measure_image, settings.docker, settings.image,
+                            space.root, rebuild="rebuild" not in settings.skip)  # fmt: skip
     return Results(
         machine=machine,
         quick=settings.quick,
@@ -213,6 +250,8 @@ def run(settings: Settings) -> Results:
         serving=serving,
         strategies=strategies,
         torch_backend=torch_backend,
+        watchdog=watchdog,
+        sections=recorder.sections,
     )
 
 
@@ -234,7 +273,15 @@ def merge_into(existing: Path, fresh: Results, only: str) -> Results:
     field = RESULT_FIELDS[only]
     if getattr(fresh, field) is None:
         return load_results(existing)
-    return dataclasses.replace(load_results(existing), **{field: getattr(fresh, field)})
+    old = load_results(existing)
+    # The machine (and the image's versions) as this run saw them; every other section keeps
+    # its own date, commit and load.
+    return dataclasses.replace(
+        old,
+        machine=fresh.machine,
+        sections={**old.sections, **fresh.sections},
+        **{field: getattr(fresh, field)},
+    )
 
 
 def _terminate(signum: int, _frame: FrameType | None) -> None:

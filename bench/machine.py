@@ -53,7 +53,7 @@ def _cpu_model() -> str:
     return platform.processor() or "?"
 
 
-def _memory_gib() -> float:
+def memory_gib() -> float:
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
             if line.startswith("MemTotal:"):
@@ -84,7 +84,7 @@ def describe_machine(docker: str, image: str) -> Machine:
         date=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         cpu_model=_cpu_model(),
         cores=os.cpu_count() or 0,
-        memory_gib=round(_memory_gib(), 1),
+        memory_gib=round(memory_gib(), 1),
         kernel=platform.release(),
         docker_engine=engine,
         commit=commit(),

@@ -24,19 +24,20 @@ from bench.launchers import LAUNCHER_NAMES_VERSION, Launcher, launcher_named
 from bench.machine import Machine
 from bench.overhead import FaultRun, HostCost, OverheadRun, RankTimes
 from bench.pipeline import PipelineRate, PipelineResult
+from bench.provenance import Provenance, duration_text, provenance_from, provenance_text
 from bench.serving import ServingResult, serving_from_json, serving_goals, serving_lines
 from bench.strategies import StrategiesResult, strategies_from_json, strategies_lines
 from bench.summary import (
     FaultSummary,
     Goal,
     OverheadSummary,
-    evaluate_goals,
     fault_down_text,
     fixed,
     growth,
     minus,
     overhead_rows,
     scale_goals,
+    sectioned_goals,
     summarize_faults,
     summarize_overhead,
 )
@@ -49,6 +50,7 @@ from bench.torch_backend import (
     overhead_summaries,
     torch_goals,
 )
+from bench.watchdog import WatchdogResult, watchdog_from_json, watchdog_lines
 
 COLORS = {
     Launcher.OURS: "#1b9e77",
@@ -77,6 +79,10 @@ class Results:
     serving: ServingResult | None = None
     strategies: StrategiesResult | None = None
     torch_backend: TorchResult | None = None
+    watchdog: WatchdogResult | None = None
+    # Each section's own date, commit, machine, load and duration, by its name in
+    # bench.__main__.MEASUREMENTS: `--only NAME` replaces one, the others keep theirs.
+    sections: dict[str, Provenance] = dataclasses.field(default_factory=dict)
 
     @property
     def overhead(self) -> list[OverheadSummary]:
@@ -88,9 +94,15 @@ class Results:
 
     @property
     def goals(self) -> list[Goal]:
-        goals = evaluate_goals(self.overhead, self.faults, self.bandwidth)
-        goals += serving_goals(self.serving) if self.serving is not None else []
-        return goals + (torch_goals(self.torch_backend) if self.torch_backend else [])
+        return [goal for _, goal in self.sectioned_goals]
+
+    @property
+    def sectioned_goals(self) -> list[tuple[str, Goal]]:
+        """Every goal with the section that measured it."""
+        goals = sectioned_goals(self.overhead, self.faults, self.bandwidth)
+        goals += [("serving", goal) for goal in serving_goals(self.serving)] if self.serving else []
+        torch = torch_goals(self.torch_backend) if self.torch_backend else []
+        return goals + [("torch", goal) for goal in torch]
 
 
 def to_json(results: Results) -> str:
@@ -126,14 +138,17 @@ def _label(launcher: str) -> str:
 def _machine_lines(results: Results) -> list[str]:
     m = results.machine
     v = m.image_versions
-    mode = (
-        "quick smoke (`--quick`), 1 run each"
-        if results.quick
-        else f"medians of {results.repeats} runs"
-    )
     return [
-        f"Measured {m.date} by `python -m bench` ({mode}; the whole run took "
-        f"{results.duration_s / 60:.1f} min) at commit `{m.commit}`.",
+        "`python -m bench` measures every section; `python -m bench --only NAME` re-measures "
+        "one and keeps the others as they were, so each section states its own date, commit "
+        "(`-dirty`: with uncommitted changes), cores, memory and the machine's 1-minute load "
+        "average before and after it:",
+        "",
+        *_table(
+            ["Section", "Measured", "Commit", "Cores, memory", "Load before, after", "Took"],
+            _section_rows(results),
+        ),
+        f"The machine and image at the latest run ({m.date}, commit `{m.commit}`):",
         "",
         f"- Machine: {m.cpu_model}, {m.cores} cores, {m.memory_gib:g} GiB memory, "
         f"Linux {m.kernel}, Docker Engine {m.docker_engine}; every host is a container on one "
@@ -146,10 +161,39 @@ def _machine_lines(results: Results) -> list[str]:
     ]
 
 
-def _goal_lines(goals: Sequence[Goal]) -> list[str]:
+def _section_rows(results: Results) -> list[list[str]]:
+    rows = []
+    for name, _ in _sections(results):
+        p = results.sections.get(name)
+        if p is None:
+            rows.append([name, "not recorded", "", "", "", ""])
+            continue
+        rows.append(
+            [
+                name,
+                p.date,
+                f"`{p.commit}`",
+                f"{p.cores}, {p.memory_gib:g} GiB",
+                f"{p.load_before:.1f}, {p.load_after:.1f}",
+                duration_text(p.seconds),
+            ]
+        )
+    return rows
+
+
+def _goal_lines(results: Results) -> list[str]:
     met = {True: "**yes**", False: "**no**", None: "not measured"}
-    rows = [[goal.name, goal.target, goal.measured, met[goal.met]] for goal in goals]
-    return ["### Goals", "", *_table(["Goal", "Target", "Measured", "Met"], rows)]
+
+    def when(section: str) -> str:
+        provenance = results.sections.get(section)
+        return f"{section}, {provenance.date if provenance else 'date not recorded'}"
+
+    rows = [
+        [goal.name, goal.target, goal.measured, met[goal.met], when(section)]
+        for section, goal in results.sectioned_goals
+    ]
+    header = ["Goal", "Target", "Measured", "Met", "Section, measured"]
+    return ["### Goals", "", *_table(header, rows)]
 
 
 def _overhead_lines(summaries: Sequence[OverheadSummary]) -> list[str]:
@@ -346,24 +390,34 @@ def _torch_lines(result: TorchResult | None) -> list[str]:
     ]
 
 
+def _sections(results: Results) -> list[tuple[str, list[str]]]:
+    """Each section's name (as `--only` names it) and its rendered lines, in report order; a
+    section that rendered nothing is left out."""
+    sections = [
+        ("overhead", [*_overhead_lines(results.overhead),
+                      "![Orchestration overhead per host count](overhead.png)", ""]),
+        ("fault", _fault_lines(results.faults)),
+        ("bandwidth", _bandwidth_lines(results.bandwidth)),
+        ("pipeline", _pipeline_lines(results.pipeline)),
+        ("accuracy", _accuracy_lines(results.accuracy)),
+        ("rebuild", _image_lines(results.image)),
+        ("serving", serving_lines(results.serving)),
+        ("strategies", strategies_lines(results.strategies)),
+        ("torch", _torch_lines(results.torch_backend)),
+        ("watchdog", watchdog_lines(results.watchdog)),
+    ]  # fmt: skip
+    return [(name, lines) for name, lines in sections if lines]
+
+
+def with_provenance(lines: Sequence[str], provenance: Provenance | None) -> list[str]:
+    """A section's lines with its provenance line under its heading (its first line)."""
+    return [lines[0], "", provenance_text(provenance), *lines[1:]]
+
+
 def to_markdown(results: Results) -> str:
-    lines = [
-        "## Benchmark results",
-        "",
-        *_machine_lines(results),
-        *_goal_lines(results.goals),
-        *_overhead_lines(results.overhead),
-        "![Orchestration overhead per host count](overhead.png)",
-        "",
-        *_fault_lines(results.faults),
-        *_bandwidth_lines(results.bandwidth),
-        *_pipeline_lines(results.pipeline),
-        *_accuracy_lines(results.accuracy),
-        *_image_lines(results.image),
-        *serving_lines(results.serving),
-        *strategies_lines(results.strategies),
-        *_torch_lines(results.torch_backend),
-    ]
+    lines = ["## Benchmark results", "", *_machine_lines(results), *_goal_lines(results)]
+    for name, section in _sections(results):
+        lines += with_provenance(section, results.sections.get(name))
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -466,6 +520,12 @@ def load_results(path: Path) -> Results:
         serving=serving_from_json(raw.get("serving")),
         strategies=strategies_from_json(raw.get("strategies")),
         torch_backend=_torch_from(raw.get("torch_backend")),
+        watchdog=watchdog_from_json(raw.get("watchdog")),
+        sections={
+            name: provenance
+            for name, raw_provenance in raw.get("sections", {}).items()
+            if (provenance := provenance_from(raw_provenance)) is not None
+        },
     )
 
 
@@ -683,21 +743,29 @@ def scale_markdown(results: ScaleResults) -> str:
         "Failure lines",
     ]  # fmt: skip
     lines = [
+        "## Scale: 4 to 64 hosts",
+        "",
+        "### Goals",
+        "",
         results.header,
         "",
         "Goals are the channel launch's (our default) unless a row names the ssh launch.",
         "",
         *_table(["Goal", "Target", "Measured", "Met"], goals),
+        "### Start and end",
+        "",
         *_table(timing_header, _timing_rows(runs)),
         "Start after every host is up (s), by host count:",
         "",
         *_table(*growth_rows(runs)),
+        "### Cost per host",
+        "",
         *_table(cost_header, _cost_rows(runs)),
     ]
     if process_rows:
         header = ["Hosts", "Launcher", "Master's processes at their most", "Worker's"]
         lines += _table(header, process_rows)
-    lines += _table(fault_header, fault_rows) if fault_rows else []
+    lines += ["### Faults", "", *_table(fault_header, fault_rows)] if fault_rows else []
     return "\n".join(lines).rstrip() + "\n"
 
 

@@ -205,11 +205,23 @@ def evaluate_goals(
     faults: Sequence[FaultSummary],
     bandwidth: BandwidthResult | None,
 ) -> list[Goal]:
+    return [goal for _, goal in sectioned_goals(overhead, faults, bandwidth)]
+
+
+def sectioned_goals(
+    overhead: Sequence[OverheadSummary],
+    faults: Sequence[FaultSummary],
+    bandwidth: BandwidthResult | None,
+) -> list[tuple[str, Goal]]:
+    """The goals with the bench section (`python -m bench --only NAME`) that measures each."""
     return [
-        _overhead_goal(overhead, "start overhead", "start_over_floor_s", GOAL_START_S),
-        _overhead_goal(overhead, "end overhead", "end_over_floor_s", GOAL_END_S),
-        _fault_goal(faults),
-        _allreduce_goal(bandwidth),
+        (
+            "overhead",
+            _overhead_goal(overhead, "start overhead", "start_over_floor_s", GOAL_START_S),
+        ),
+        ("overhead", _overhead_goal(overhead, "end overhead", "end_over_floor_s", GOAL_END_S)),
+        ("fault", _fault_goal(faults)),
+        ("bandwidth", _allreduce_goal(bandwidth)),
     ]
 
 

@@ -193,6 +193,7 @@ def run(env: Mapping[str, str], paths: ContractPaths) -> int:
         output_dir=paths.output_dir,
         host_wait_timeout_s=contract.settings.host_wait_timeout_s,
         sigterm_grace_s=contract.settings.sigterm_grace_s,
+        stall_timeout_s=contract.settings.stall_timeout_s,
     )
     return supervise.run_host(plan, config, stop, job_key=job_key)
 

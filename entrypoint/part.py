@@ -15,6 +15,7 @@ from typing import Protocol
 
 from entrypoint.channel.protocol import CATALOG, Catalog, Message
 from entrypoint.channel.session import Handlers
+from entrypoint.host.activity import HostWatch
 from entrypoint.job import VerdictRule
 from smcommon.failure import Failure, Reason
 
@@ -58,6 +59,8 @@ class LocalPart(Supervised, Protocol):
 
     # The channel's message types, the part's own included.
     catalog: Catalog
+    # This host's log pump, its ranks' progress and stacks (whatever the launch).
+    watch: HostWatch
 
     def handlers(self) -> Handlers:
         """The part's handlers of channel messages (added to the channel's own)."""

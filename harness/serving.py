@@ -52,7 +52,11 @@ def train_digits_model(
             raise RuntimeError(f"training failed ({code}): {cluster.describe()}")
     finally:
         cluster.remove()
-    model_dir = cluster.ml_root("algo-1") / "model"
+    return trained_model(cluster.ml_root("algo-1") / "model")
+
+
+def trained_model(model_dir: Path) -> TrainedModel:
+    """A built-in model a job wrote to `model_dir` (its /opt/ml/model)."""
     metrics = json.loads((model_dir / "metrics.json").read_text())
     classes = tuple(json.loads((model_dir / "classes.json").read_text()))
     return TrainedModel(model_dir, float(metrics["test"]["accuracy"]), classes)

@@ -13,6 +13,10 @@ JSONLINES = "application/jsonlines"
 _STATUS_PREFIX = {400: "Invalid argument", 404: "Not found", 501: "Unimplemented"}
 
 
+class ModelError(Exception):
+    """A model folder the server cannot serve (any runner's); one line naming the file."""
+
+
 class ServeError(Exception):
     """A request (or a load) the server refuses: `status` is the HTTP status, the message one
     line. Every runner, codec and route raises this one type; the app turns it into
@@ -32,6 +36,18 @@ def media_type(header: str | None) -> str:
     return (header or "").split(";", 1)[0].strip().lower()
 
 
+_ANY = ("*/*", "application/*", "")
+
+
+def requested_accept(header: str | None, default: str) -> str:
+    """What the client asks for, as a user's hook sees it: the Accept header, or `default`
+    (SAGEMAKER_DEFAULT_INVOCATIONS_ACCEPT) where there is none or it is */* (AWS's inference
+    toolkit, and its PyTorch and scikit-learn containers, do the same)."""
+    if not header or media_type(header.split(",", 1)[0]) in _ANY:
+        return default
+    return header.strip()
+
+
 def choose_accept(header: str | None, default: str, writes: Mapping[str, str]) -> str:
     """The response type for an Accept header: the type `writes` maps the first it knows to, in
     the client's order (q-values are not weighed: SageMaker clients send one type); */*,
@@ -41,7 +57,7 @@ def choose_accept(header: str | None, default: str, writes: Mapping[str, str]) -
         return default
     for item in header.split(","):
         kind = media_type(item)
-        if kind in ("*/*", "application/*", ""):
+        if kind in _ANY:
             return default
         if kind in writes:
             return writes[kind]
@@ -53,6 +69,11 @@ def error_body(message: str) -> bytes:
     return json.dumps({"error": message}).encode()
 
 
+# TensorFlow's messages can run to pages (a whole graph); one line stays readable.
+ONE_LINE_MAX = 1000
+
+
 def one_line(exc: BaseException) -> str:
-    """'TypeName: message' on one line (for errors that are not ServeError)."""
-    return " ".join(f"{type(exc).__name__}: {exc}".split())
+    """'TypeName: message' on one line, at most ONE_LINE_MAX characters (for errors that are
+    not ServeError): every runner's and the app's, one rule."""
+    return " ".join(f"{type(exc).__name__}: {exc}".split())[:ONE_LINE_MAX]

@@ -13,10 +13,10 @@ import numpy as np
 from starlette.applications import Starlette
 
 from serve import app, heap
-from serve.model import Model, Registry, Version
 from serve.runner import Runner
 from serve.settings import Settings
-from serve.tf_runner import Loaded, compose
+from serve.tensorflow.model import Model, Registry, Version
+from serve.tensorflow.runner import Loaded, compose
 
 HEAP_OBJECTS = 300_000
 CLASSES = ("dark", "light")
@@ -37,6 +37,6 @@ def _load(settings: Settings) -> Runner:
 
 def create_app() -> Starlette:
     if os.environ.get("SM_TEST_GC_NO_FREEZE") == "1":
-        heap.freeze_heap = heap.gc.get_freeze_count
+        heap.freeze_heap = lambda collect=True: heap.gc.get_freeze_count()
     settings = Settings(model_dir=Path(os.environ["SM_SERVE_MODEL_DIR"]))
     return app.create_app(settings, loader=_load)

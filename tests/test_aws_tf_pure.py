@@ -4,11 +4,13 @@ distribution as the entry point reads it, and the data-parallel API's mapping on
 
 from __future__ import annotations
 
+import ast
 import json
 from pathlib import Path
 
 import pytest
 
+import smdistributed
 from entrypoint.contract import Backend, ContractError, parse_contract
 from entrypoint.launches.mpi.plan import build_mpirun_argv
 from entrypoint.plan import make_plan
@@ -171,16 +173,41 @@ def test_bucket_cap_mb_is_accepted_and_said_to_be_ignored():
     )
 
 
-def test_the_documented_api_is_listed():
-    # The library's documented names (SDK doc smd_data_parallel_tensorflow.rst).
-    assert set(mapping.TENSORFLOW_NAMES) == {
-        "init", "shutdown", "size", "local_size", "rank", "local_rank", "allreduce",
-        "oob_allreduce", "broadcast", "broadcast_variables", "broadcast_global_variables",
-        "overlap", "DistributedOptimizer", "DistributedGradientTape",
-        "BroadcastGlobalVariablesHook", "Compression", "ReduceOp",
-    }  # fmt: skip
-    assert {"DistributedOptimizer", "callbacks", "rank", "size"} <= set(mapping.KERAS_NAMES)
-    assert "BroadcastGlobalVariablesCallback" in mapping.KERAS_CALLBACK_NAMES
+# The library's documented names (the SageMaker Python SDK's doc/api/training/sdp_versions/
+# latest/smd_data_parallel_tensorflow.rst), written out here independently of mapping.py.
+DOCUMENTED_TENSORFLOW_NAMES = {
+    "init", "shutdown", "size", "local_size", "rank", "local_rank", "allreduce",
+    "oob_allreduce", "broadcast", "broadcast_variables", "broadcast_global_variables",
+    "overlap", "DistributedOptimizer", "DistributedGradientTape",
+    "BroadcastGlobalVariablesHook", "Compression", "ReduceOp",
+}  # fmt: skip
+SMDDP_TF = Path(smdistributed.__file__).parent / "dataparallel" / "tensorflow"
+
+
+def _module_defines(path: Path) -> set[str]:
+    """The names a module binds at its top level (def, class, assignment, import), read from
+    its source: the TensorFlow modules need Horovod, which the host does not have."""
+    names: set[str] = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.FunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign):
+            names |= {target.id for target in node.targets if isinstance(target, ast.Name)}
+        elif isinstance(node, ast.ImportFrom | ast.Import):
+            names |= {alias.asname or alias.name.split(".")[0] for alias in node.names}
+    return names
+
+
+def test_every_documented_name_is_defined_by_the_module():
+    assert set(mapping.TENSORFLOW_NAMES) == DOCUMENTED_TENSORFLOW_NAMES
+    assert _module_defines(SMDDP_TF / "__init__.py") >= DOCUMENTED_TENSORFLOW_NAMES
+    keras = _module_defines(SMDDP_TF / "keras" / "__init__.py")
+    # What AWS's Keras examples use; callbacks is a subpackage imported by name.
+    assert {"DistributedOptimizer", "callbacks", "rank", "size", "init", "local_rank"} <= keras
+    assert set(mapping.KERAS_NAMES) <= keras
+    callbacks = _module_defines(SMDDP_TF / "keras" / "callbacks.py")
+    assert {"BroadcastGlobalVariablesCallback", "MetricAverageCallback"} <= callbacks
+    assert set(mapping.KERAS_CALLBACK_NAMES) <= callbacks
 
 
 # --- model_dir on S3

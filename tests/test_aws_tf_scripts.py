@@ -8,6 +8,7 @@ Every test asserts contract outcomes only: exit codes, the failure file, log lin
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 import subprocess
 import tarfile
@@ -83,14 +84,38 @@ def test_data_parallel_tutorial_script_on_two_hosts(make_cluster, digits28):
             f"SMDDP rank={rank} size=4 local_rank={rank % 2} local_size=2 host={host} "
             f"hostname={host} model_dir=/opt/ml/shared/model"
         )
-        assert line in master, master[-4000:]
-        done = re.search(rf"SMDDP_DONE rank={rank} first=([\d.]+) last=([\d.]+)", master)
-        assert done, master[-4000:]
+        # Each rank logs on its own host's stream.
+        own = cluster.logs(host)
+        assert line in own, own[-4000:]
+        done = re.search(rf"SMDDP_DONE rank={rank} first=([\d.]+) last=([\d.]+)", own)
+        assert done, own[-4000:]
     assert done  # the last rank's
     first, last = map(float, done.groups())
     assert last < first, master[-4000:]
     assert (cluster.ml_root("algo-1") / "model" / "1" / "saved_model.pb").is_file()
     assert not (cluster.ml_root("algo-2") / "model" / "1").exists()
+
+
+def test_the_rest_of_the_api_optimizers_hooks_and_callbacks_on_two_hosts(make_cluster):
+    """The names the tutorial does not use (tests/programs/smddp/optimizers.py): TF1's
+    DistributedOptimizer, BroadcastGlobalVariablesHook and broadcast_global_variables, Keras'
+    DistributedOptimizer and MetricAverageCallback, each with a result only a real
+    collective gives (every rank starts from its own values)."""
+    cluster = make_cluster(
+        2, hyperparameters={**SMDDP, "sagemaker_program": "optimizers.py"}, code_dir=SMDDP_DIR
+    )
+    cluster.start()
+    assert cluster.wait(timeout=240) == {"algo-1": 0, "algo-2": 0}, cluster.describe()
+    master = cluster.logs("algo-1")
+    for rank in range(2):
+        found = re.search(rf"SMDDP_OPTIMIZERS rank={rank} size=2 (\{{.*\}})", master)
+        assert found, master[-4000:]
+        seen = json.loads(found[1])
+        # rank r starts at r + 1; the mean gradient over 2 ranks is 1.5 (the program's docstring)
+        assert seen["before_broadcast"] == rank + 1, seen
+        assert seen["hook_broadcast"] == seen["global_broadcast"] == 1.0, seen
+        assert seen["optimizer_step"] == seen["keras_step"] == -0.5, seen
+        assert seen["keras_metric"] == 1.5, seen
 
 
 def test_a_rank_that_raises_fails_every_host(make_cluster, digits28):
@@ -103,7 +128,8 @@ def test_a_rank_that_raises_fails_every_host(make_cluster, digits28):
     cluster.start()
     codes = cluster.wait(timeout=240)
     assert codes["algo-1"] != 0 and codes["algo-2"] != 0, cluster.describe()
-    failing = re.search(r"SMDDP_FAILING rank=1 at=([\d.]+)", cluster.logs("algo-1"))
+    every_log = "".join(cluster.logs(host) for host in cluster.hosts)
+    failing = re.search(r"SMDDP_FAILING rank=1 at=([\d.]+)", every_log)
     assert failing, cluster.describe()
     failed_at = float(failing[1])
     delays = {host: cluster.exit_time(host) - failed_at for host in cluster.hosts}

@@ -5,7 +5,6 @@ Every test asserts contract outcomes only: exit codes, the failure file's reason
 
 from __future__ import annotations
 
-import re
 import time
 from pathlib import Path
 
@@ -16,8 +15,19 @@ pytestmark = [pytest.mark.docker, pytest.mark.timeout(300)]
 PROGRAMS = Path(__file__).parent / "programs"
 # The bound: any host or rank dying brings every host down within this.
 FAIL_FAST_S = 10.0
-# ... and a host cut off the network (no FIN, no RST) within this.
-CUT_DETECTION_S = 60.0
+# A host cut off the network (no FIN, no RST) is lost after this much silence: README.md
+# ("Failure reasons") and docs/design.md ("Why 1 s and 20 s"), ChannelTiming.lost_after_s.
+SILENCE_BOUND_S = 20.0
+# ... and every host is down within the bound plus this: the silence check runs every 0.25 s;
+# the master then ends mpirun, whose orted on the cut host never answers, so it can take the
+# local part's KILL_WAIT_S (5 s) to go (SIGTERM, then SIGKILL); then the verdict and the exit.
+# Measured here: the master down 25.3 s after the cut at load average 10 on 2 cores (the
+# others 19.7-20.2 s); 23.9 s at 64 hosts (bench/results/scale.md). 10 s covers the kill wait
+# and a loaded machine; a silence bound drifting to 30 s fails (the old bound, 60 s, did not).
+CUT_DETECTION_S = SILENCE_BOUND_S + 10.0
+# A host hears its peer's last heartbeat up to one interval (1 s) before the cut, so it can
+# declare the peer lost that much before SILENCE_BOUND_S after the cut; never earlier.
+HEARTBEAT_INTERVAL_S = 1.0
 
 
 def script_mode(seconds: float = 0.0, **extra: str) -> dict[str, str]:
@@ -36,9 +46,10 @@ def test_allreduce_across_hosts(make_cluster, host_count):
     master_log = cluster.logs("algo-1")
     expected_sum = host_count * (host_count + 1) / 2
     for rank, host in enumerate(cluster.hosts):
-        # --tag-output prefixes each rank's lines; each rank sees its own SM_CURRENT_HOST.
-        line = f"<stdout>:ALLREDUCE rank={rank} size={host_count} sum={expected_sum:g} host={host}"
-        assert re.search(rf"\[\d+,{rank}\]{re.escape(line)}", master_log), master_log
+        # Each rank's lines are whole and tagged on its own host's log; each rank sees its own
+        # SM_CURRENT_HOST.
+        line = f"[{host} rank {rank}] ALLREDUCE rank={rank} size={host_count} sum={expected_sum:g}"
+        assert f"{line} host={host}\n" in cluster.logs(host), cluster.describe()
     assert "mpirun --allow-run-as-root" in master_log
     assert all(cluster.failure(host) is None for host in cluster.hosts)
 
@@ -87,9 +98,15 @@ def test_worker_cut_off_the_network_fails_every_host(make_cluster):
     cut_at = time.time()
     cluster.disconnect("algo-2")
     codes = cluster.wait(timeout=90)
+    down_after = {host: round(cluster.exit_time(host) - cut_at, 2) for host in cluster.hosts}
+    print(f"every host down after (s): {down_after}")
     for host in cluster.hosts:
         assert codes[host] != 0, cluster.describe()
-        assert cluster.exit_time(host) - cut_at < CUT_DETECTION_S, cluster.describe()
+        # Not before the bound (a live host is never declared lost early), not long after.
+        assert down_after[host] > SILENCE_BOUND_S - HEARTBEAT_INTERVAL_S - 0.5, (
+            f"{down_after}\n{cluster.describe()}"
+        )
+        assert down_after[host] < CUT_DETECTION_S, f"{down_after}\n{cluster.describe()}"
     for host in ("algo-1", "algo-3"):
         assert "algo-2" in cluster.failure(host), cluster.describe()
     assert cluster.failure("algo-2").startswith("MasterLost: master algo-1"), cluster.describe()
@@ -124,7 +141,8 @@ def test_sigterm_everywhere_checkpoints_then_stops(make_cluster, tmp_path):
     # 143 = 128 + SIGTERM: stopped, not succeeded; the ranks checkpointed first.
     assert codes == {"algo-1": 143, "algo-2": 143}, cluster.describe()
     assert (checkpoints / "stopped").read_text() == "checkpoint\n"
-    assert "STOPPED rank=1" in cluster.logs("algo-1")
+    # Rank 1 logs on its own host's stream (algo-2).
+    assert "STOPPED rank=1" in cluster.logs("algo-2")
     assert cluster.failure("algo-1").startswith("Stopped:"), cluster.describe()
 
 

@@ -16,7 +16,8 @@ from entrypoint.contract import (
     RemoteShell,
     parse_contract,
 )
-from entrypoint.host.children import ChildProcess, OutputTail, torchrun_root_cause
+from entrypoint.host.children import ChildProcess, torchrun_root_cause
+from entrypoint.host.rank_output import ERROR_MARKERS, OutputPump
 from entrypoint.job import (
     HostProcess,
     JobShape,
@@ -26,7 +27,7 @@ from entrypoint.job import (
     is_exportable,
 )
 from entrypoint.launches import LAUNCHES, local_part, ranks_per_host
-from entrypoint.launches.mpi.parts import MpirunPart, OrtedPart, mpi_rank_error
+from entrypoint.launches.mpi.parts import MpirunPart, OrtedPart, first_failed_rank
 from entrypoint.launches.mpi.plan import (
     CallbackDeadline,
     MpiLaunch,
@@ -70,7 +71,7 @@ def test_mpirun_argv_over_ssh_is_exact():
     env = {"PATH": "/opt/venv/bin:/usr/bin", "SM_MODEL_DIR": "/opt/ml/model", "HOME": "/root",
            "SM_CURRENT_HOST": "algo-1", "HOROVOD_FUSION_THRESHOLD": "1"}  # fmt: skip
     assert build_mpirun_argv(plan, env) == [
-        "mpirun", "--allow-run-as-root", "--tag-output",
+        "mpirun", "--allow-run-as-root",
         "-bind-to", "none", "-map-by", "slot",
         "-mca", "pml", "ob1", "-mca", "btl", "^openib",
         "-mca", "orte_abort_on_non_zero_status", "1",
@@ -372,7 +373,10 @@ def test_processes_on_one_host_have_distinct_task_names():
     assert [process.task for process in named.processes] == ["w:0", "w:1"]
     with pytest.raises(ValueError, match="distinct names"):
         TaskGroupPart(
-            [("None", ChildProcess(("a",), {}, None)), ("None", ChildProcess(("b",), {}, None))],
+            [
+                ("None", ChildProcess(("a",), {}, None, label="a", pump=OutputPump("algo-1"))),
+                ("None", ChildProcess(("b",), {}, None, label="b", pump=OutputPump("algo-1"))),
+            ],
             None,
             "algo-1",
         )
@@ -497,16 +501,16 @@ Root Cause (first observed failure):
 
 def test_a_torchrun_failure_names_the_root_cause_rank_and_its_error():
     lines = tuple(TORCHRUN_FAILURE.splitlines())
-    assert torchrun_root_cause(lines, OutputTail._MARKERS) == (
+    assert torchrun_root_cause(lines, ERROR_MARKERS) == (
         "rank 1 (local_rank: 1) exited with code 1: RuntimeError: failing on purpose on rank 1"
     )
     # Without torch's [rank<R>]: prefix: the last error line before torchrun's traceback.
     unprefixed = tuple(line.removeprefix("[rank1]: ") for line in lines if "[rank0]" not in line)
-    assert torchrun_root_cause(unprefixed, OutputTail._MARKERS) == (
+    assert torchrun_root_cause(unprefixed, ERROR_MARKERS) == (
         "rank 1 (local_rank: 1) exited with code 1: RuntimeError: failing on purpose on rank 1"
     )
     # Output without torchrun's summary: not torchrun's failure.
-    assert torchrun_root_cause(lines[:5], OutputTail._MARKERS) is None
+    assert torchrun_root_cause(lines[:5], ERROR_MARKERS) is None
 
 
 def test_only_a_python_program_runs_under_mpi4pys_runner():
@@ -557,23 +561,19 @@ def test_other_user_mpi_options_keep_the_rank_hosts():
     assert mpi_rank_hosts(shape) == ("algo-1", "algo-2")
 
 
-@pytest.mark.parametrize(
-    ("line", "expected"),
-    [
-        # mpirun --tag-output's prefix: the rank, and its host where the plan knows it.
-        (
-            "[1,2]<stderr>:RuntimeError: failing on purpose",
-            ("rank 2: RuntimeError: failing on purpose", "algo-3"),
-        ),
-        ("[12345,0]<stdout>:  ValueError: bad", ("rank 0: ValueError: bad", "algo-1")),
-        # A rank the plan does not place (the user's own options): the rank alone.
-        ("[1,7]<stderr>:Exception: x", ("rank 7: Exception: x", None)),
-        # mpirun's own lines have no tag.
-        (
-            "ORTE was unable to reliably start one or more daemons.",
-            ("ORTE was unable to reliably start one or more daemons.", None),
-        ),
-    ],
-)
-def test_an_mpi_error_line_names_the_rank_and_its_host(line, expected):
-    assert mpi_rank_error(line, ("algo-1", "algo-2", "algo-3")) == expected
+MPIRUN_RANK_FAILED = """--------------------------------------------------------------------------
+Primary job  terminated normally, but 1 process returned
+a non-zero exit code. Per user-direction, the job has been aborted.
+--------------------------------------------------------------------------
+--------------------------------------------------------------------------
+mpirun detected that one or more processes exited with non-zero status, thus causing
+the job to be terminated. The first process to do so was:
+
+  Process name: [[19476,1],3]
+  Exit code:    1
+--------------------------------------------------------------------------"""
+
+
+def test_mpiruns_report_names_the_first_rank_that_failed():
+    assert first_failed_rank(MPIRUN_RANK_FAILED.splitlines()) == 3
+    assert first_failed_rank(["ORTE was unable to reliably start one or more daemons."]) is None

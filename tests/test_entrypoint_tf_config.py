@@ -15,6 +15,7 @@ from entrypoint.channel.coordination import CHANNEL_PORT
 from entrypoint.channel.protocol import Exited, Verdict, host_verdict
 from entrypoint.contract import Backend, ContractError, parse_contract
 from entrypoint.host.children import ChildProcess
+from entrypoint.host.rank_output import OutputPump
 from entrypoint.job import ProcessesLaunch, VerdictRule
 from entrypoint.launches import local_part
 from entrypoint.launches.mpi.plan import MpiLaunch
@@ -468,7 +469,8 @@ def test_chief_verdict(exits, stopping, verdict):
 
 
 def _task(code: str, name: str) -> tuple[str, ChildProcess]:
-    return name, ChildProcess([sys.executable, "-c", code], {}, None, prefix=f"[{name}] ")
+    pump = OutputPump("algo-1")
+    return name, ChildProcess([sys.executable, "-c", code], {}, None, label=name, pump=pump)
 
 
 def _wait(part: TaskGroupPart, timeout: float = 20.0) -> int:

@@ -8,7 +8,6 @@ of 32 and a rate of 2e-3 (the defaults fit larger images; digits need fewer epoc
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import os
@@ -17,7 +16,6 @@ import shutil
 import struct
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,13 +24,9 @@ from harness.cluster import Cluster, docker_command
 from harness.digits import DIGITS_HYPERPARAMETERS
 from model.checkpoints import latest_checkpoint, read_state
 from model.logline import METRIC_NAMES, metric_regex
-from tests.conftest import image_name
+from tests.conftest import HOST, JOB_TIMEOUT_S, ResumedTraining, image_name
 
 pytestmark = pytest.mark.docker
-
-HOST = "algo-1"
-# Generous: a run takes 20-40 s on 2 cores, but the build machines are shared.
-JOB_TIMEOUT_S = 300
 
 
 def epoch_lines(logs: str) -> list[str]:
@@ -42,49 +36,6 @@ def epoch_lines(logs: str) -> list[str]:
 def run_job(cluster: Cluster, timeout: float = JOB_TIMEOUT_S) -> int:
     cluster.start()
     return cluster.wait(timeout)[HOST]
-
-
-@dataclasses.dataclass(frozen=True)
-class ResumedTraining:
-    first: Cluster  # epochs=1
-    second: Cluster  # epochs=6, same checkpoint folder
-    checkpoints: Path
-    digits: dict[str, Path]
-
-    @property
-    def model_dir(self) -> Path:
-        return self.second.ml_root(HOST) / "model"
-
-
-@pytest.fixture(scope="module")
-def resumed(
-    tmp_path_factory: pytest.TempPathFactory, digits_dir: dict[str, Path]
-) -> Iterator[ResumedTraining]:
-    """One epoch, then a second job with epochs=6 on the same checkpoint folder (as managed
-    spot training restarts a job). Shared by several tests: each TensorFlow start costs
-    seconds, and a resumed run that still reaches the accuracy proves the resume right."""
-    root = tmp_path_factory.mktemp("resume")
-    checkpoints = root / "checkpoints"
-    checkpoints.mkdir()
-    clusters: list[Cluster] = []
-    try:
-        for epochs in (1, 6):
-            cluster = Cluster(
-                docker=os.environ.get("DOCKER", "docker"),
-                image=image_name(),
-                root=root / f"epochs-{epochs}",
-                hosts=(HOST,),
-                hyperparameters={**DIGITS_HYPERPARAMETERS, "epochs": str(epochs)},
-                channels=digits_dir,
-                checkpoint_dir=checkpoints,
-            )
-            clusters.append(cluster)
-            code = run_job(cluster)
-            assert code == 0, cluster.describe()
-        yield ResumedTraining(clusters[0], clusters[1], checkpoints, digits_dir)
-    finally:
-        for cluster in clusters:
-            cluster.remove()
 
 
 def test_resumes_from_the_checkpoint_of_an_earlier_run(resumed: ResumedTraining) -> None:

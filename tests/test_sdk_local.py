@@ -9,11 +9,9 @@ test process tries.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tarfile
@@ -22,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import compose_available, skip_or_fail
 from tests.outside import outside_connections
 
 PROGRAM_DIR = Path(__file__).parent / "programs" / "sdk_keras"
@@ -32,22 +31,6 @@ NO_TELEMETRY = {
     "SchemaVersion": "1.0",
     "SageMaker": {"PythonSDK": {"Modules": {"TelemetryOptOut": True}}},
 }
-
-
-def _compose_available() -> bool:
-    """What the SDK looks for (sagemaker/local/image.py _get_compose_cmd_prefix)."""
-    if shutil.which("docker-compose"):
-        return True
-    with contextlib.suppress(OSError, subprocess.SubprocessError):
-        result = subprocess.run(
-            ["docker", "compose", "version"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=False,
-        )
-        return "v2" in result.stdout
-    return False
 
 
 def _remove_containers(docker: str, container_root: Path) -> None:
@@ -86,11 +69,8 @@ def container_root(tmp_path: Path, docker: str) -> Iterator[Path]:
 def sdk_environment(monkeypatch: pytest.MonkeyPatch, fake_aws_credentials: None, tmp_path: Path):
     # The SDK runs `docker compose` / `docker-compose` from PATH; both talk to the engine over
     # its socket, so the docker client choice (DOCKER=) does not matter to them.
-    if not _compose_available():
-        message = "neither 'docker compose' nor docker-compose is installed"
-        if os.environ.get("CI") == "true":
-            pytest.fail(message, pytrace=False)
-        pytest.skip(message)
+    if not compose_available():
+        skip_or_fail("neither 'docker compose' nor docker-compose is installed")
     # Only this test's SDK defaults, for every session the SDK makes (JumpStart makes its own):
     # telemetry opted out.
     config = tmp_path / "sagemaker-config.yaml"

@@ -1,7 +1,8 @@
 """`docker run IMAGE serve` with a model the image trained, as SageMaker starts it, driven over
 HTTP by a real client; then the SageMaker Python SDK's local mode (endpoint + batch transform).
 
-One model is trained for the whole module (~40 s); one server container answers most tests.
+The session's one digits model (tests/conftest.py), trained once for the whole test run; one
+server container answers most tests.
 """
 
 from __future__ import annotations
@@ -20,14 +21,13 @@ import pytest
 from PIL import Image
 
 from harness.serving import (
-    SERVE_TEST_EPOCHS,
     ServeContainer,
     TrainedModel,
     model_tarball,
     post,
-    train_digits_model,
+    trained_model,
 )
-from tests.conftest import image_name
+from tests.conftest import ResumedTraining, compose_available, image_name, skip_or_fail
 
 pytestmark = pytest.mark.docker
 
@@ -36,16 +36,10 @@ SIGKILL_AFTER_S = 30
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory: pytest.TempPathFactory, digits_dir: dict[str, Path]) -> TrainedModel:
-    import os  # noqa: PLC0415
-
-    return train_digits_model(
-        os.environ.get("DOCKER", "docker"),
-        image_name(),
-        tmp_path_factory.mktemp("serve-train"),
-        digits_dir,
-        SERVE_TEST_EPOCHS,
-    )
+def trained(resumed: ResumedTraining) -> TrainedModel:
+    """The session's digits model (tests/conftest.py: trained once, shared with
+    test_model_docker), served read-only."""
+    return trained_model(resumed.model_dir)
 
 
 @pytest.fixture(scope="module")
@@ -266,14 +260,13 @@ NO_TELEMETRY = {
 def sdk_session(
     monkeypatch: pytest.MonkeyPatch, fake_aws_credentials: None, tmp_path: Path, docker: str
 ) -> Iterator[object]:
-    import shutil  # noqa: PLC0415
     import subprocess  # noqa: PLC0415
 
     import boto3  # noqa: PLC0415 - after the fake credentials are in place
     from sagemaker.local import LocalSession  # noqa: PLC0415
 
-    if shutil.which("docker-compose") is None:
-        pytest.skip("docker-compose is not installed (local mode needs it)")
+    if not compose_available():
+        skip_or_fail("neither 'docker compose' nor docker-compose is installed (local mode)")
     monkeypatch.setenv("SAGEMAKER_USER_CONFIG_OVERRIDE", str(tmp_path / "no-user-config.yaml"))
     monkeypatch.setenv("SAGEMAKER_ADMIN_CONFIG_OVERRIDE", str(tmp_path / "no-admin-config.yaml"))
     monkeypatch.chdir(tmp_path)

@@ -408,6 +408,10 @@ class WorkerChannel:
         """Tell the master this host is stopping (it got SIGTERM)."""
         self._thread.call(lambda: self._send(Stop()))
 
+    def send(self, message: Message) -> None:
+        """A message of a feature's to the master (dropped while not connected)."""
+        self._thread.call(lambda: self._send(message))
+
     def request(self, message: Message, timeout_s: float) -> Message:
         """Ask the master; its handler's response. Raises SessionLostError (not connected, or lost
         while asked), TimeoutError, or RequestFailedError (its handler's reason)."""

@@ -1,53 +1,22 @@
-"""The shell pieces every part is made of: a child in its own session, its output copied to ours
-with its last error line remembered (and torchrun's failure summary read)."""
+"""The shell pieces every part is made of: a child in its own session, its output in this host's
+log pump (rank_output.py) as whole tagged lines, its last error line remembered (and torchrun's
+failure summary read)."""
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import os
 import re
 import signal
 import subprocess
-import threading
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import IO
+
+from entrypoint.host.rank_output import ERROR_MARKERS, OutputPump, Stream
+from entrypoint.host.rank_shim import HEARTBEAT_FD_ENV, STACKS_SIGNAL_ENV
 
 # How long a child gets to exit after SIGTERM in a teardown before its group is killed.
 KILL_WAIT_S = 5.0
-
-
-class OutputTail:
-    """Copies a child's output to our stdout line by line and remembers the last lines, so the
-    failure file can name the error a rank printed."""
-
-    # "exited on signal": mpirun naming the rank a signal ended (SIGKILL: the OOM killer).
-    _MARKERS = ("Error", "error:", "Exception", "FAILED", "Traceback", "exited on signal")
-
-    def __init__(self, stream: IO[bytes], keep: int = 200, prefix: bytes = b"") -> None:
-        self._lines: collections.deque[str] = collections.deque(maxlen=keep)
-        # Several processes on one host (a ps, a worker, the chief) share our stdout: each
-        # line then says whose it is.
-        self._prefix = prefix
-        self._thread = threading.Thread(target=self._copy, args=(stream,), daemon=True)
-        self._thread.start()
-
-    def _copy(self, stream: IO[bytes]) -> None:
-        for raw in iter(stream.readline, b""):
-            os.write(1, self._prefix + raw)
-            self._lines.append(raw.decode("utf-8", "replace").rstrip("\n"))
-        stream.close()
-
-    def join(self, timeout: float) -> None:
-        self._thread.join(timeout)
-
-    def error_line(self) -> str | None:
-        """The last line that reads like an error, else None; under torchrun, which rank
-        failed how, and that rank's own last error line."""
-        return torchrun_root_cause(tuple(self._lines), self._MARKERS) or _last_marked(
-            self._lines, self._MARKERS
-        )
 
 
 def _last_marked(lines: Iterable[str], markers: Sequence[str]) -> str | None:
@@ -101,31 +70,60 @@ def torchrun_root_cause(lines: Sequence[str], markers: Sequence[str]) -> str | N
 
 
 class ChildProcess:
-    """One child in its own session (so its process group is ours to signal), its output copied
-    to ours: mpirun, torchrun, a host's program, a tf.distribute task."""
+    """One child in its own session (so its process group is ours to signal), its output (stdout
+    and stderr, one stream) in this host's pump as `label`'s: mpirun, torchrun, a host's
+    program, a tf.distribute task. A child that is a rank of the job itself (`rank`: a program, a
+    task; not mpirun or torchrun, whose ranks register on their own) counts for the stall rule
+    and gets a heartbeat pipe."""
 
     def __init__(
-        self, argv: Sequence[str], env: Mapping[str, str], cwd: Path | None, *, prefix: str = ""
+        self,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        cwd: Path | None,
+        *,
+        label: str,
+        pump: OutputPump,
+        rank: bool = True,
     ) -> None:
         self._argv = list(argv)
         self._env = dict(env)
         self._cwd = cwd
-        self._prefix = prefix.encode()
+        self._label = label
+        self._pump = pump
+        self._rank = rank
         self._process: subprocess.Popen[bytes] | None = None
-        self._tail: OutputTail | None = None
+        self._output: Stream | None = None
 
     def start(self) -> None:
-        self._process = subprocess.Popen(
-            self._argv,
-            env=self._env,
-            cwd=self._cwd,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
+        env = dict(self._env)
+        beats_read = beats_write = None
+        if self._rank:
+            beats_read, beats_write = os.pipe()
+            env[HEARTBEAT_FD_ENV] = str(beats_write)
+            env[STACKS_SIGNAL_ENV] = "1"
+        try:
+            self._process = subprocess.Popen(
+                self._argv,
+                env=env,
+                cwd=self._cwd,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                pass_fds=() if beats_write is None else (beats_write,),
+            )
+        finally:
+            if beats_write is not None:
+                os.close(beats_write)
+        stdout = self._process.stdout
+        assert stdout is not None  # noqa: S101 - Popen with PIPE guarantees it
+        # The pump owns the descriptor from now on (and closes it at the stream's end).
+        fd = os.dup(stdout.fileno())
+        stdout.close()
+        self._output = self._pump.add(
+            fd, self._label, pid=self._process.pid if self._rank else None, beats_fd=beats_read
         )
-        assert self._process.stdout is not None  # noqa: S101 - Popen with PIPE guarantees it
-        self._tail = OutputTail(self._process.stdout, prefix=self._prefix)
 
     @property
     def running(self) -> bool:
@@ -135,8 +133,9 @@ class ChildProcess:
         if self._process is None:
             return None
         code = self._process.poll()
-        if code is not None and self._tail is not None:
-            self._tail.join(timeout=5)
+        if code is not None and self._output is not None:
+            # Its last lines written (and read) first: the failure may quote them.
+            self._output.done.wait(timeout=5)
         # A child killed by a signal reports -N; a shell would say 128 + N (Horovod's rule).
         return None if code is None else (128 - code if code < 0 else code)
 
@@ -163,5 +162,13 @@ class ChildProcess:
         self.signal_group(signal.SIGKILL)
         self._process.wait()
 
+    def lines(self) -> tuple[str, ...]:
+        """Its own last lines (untagged)."""
+        return tuple(self._output.lines) if self._output is not None else ()
+
     def error_line(self) -> str | None:
-        return self._tail.error_line() if self._tail else None
+        """The last line that reads like an error, else None; under torchrun, which rank
+        failed how, and that rank's own last error line (the ranks' lines are this host's)."""
+        if self._output is None:
+            return None
+        return torchrun_root_cause(self._pump.recent(), ERROR_MARKERS) or self._output.error_line()

@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 
 from entrypoint.contract import Backend
+from entrypoint.host.activity import HostWatch
 from entrypoint.host.children import ChildProcess
 from entrypoint.job import JobShape, ProcessesLaunch
 from entrypoint.launches.mpi.parts import mpi_part
@@ -37,8 +38,8 @@ Launch = MpiLaunch | ProcessesLaunch
 RanksRule = Callable[[int | None, int], int]
 # A launch builder: the job's shape and the program's environment in, the Launch out.
 LaunchBuilder = Callable[[JobShape, Mapping[str, str]], Launch]
-# This host's part of a launch: (launch, is_master, host).
-PartFactory = Callable[[Launch, bool, str], LocalPart]
+# This host's part of a launch: (launch, is_master, host, the host's watch).
+PartFactory = Callable[[Launch, bool, str, HostWatch], LocalPart]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,10 +73,10 @@ def count_ranks(shape: JobShape) -> str:
     return f"{shape.total_ranks} ranks"
 
 
-def _mpi_part(launch: Launch, is_master: bool, host: str) -> LocalPart:
+def _mpi_part(launch: Launch, is_master: bool, host: str, watch: HostWatch) -> LocalPart:
     if not isinstance(launch, MpiLaunch):
         raise TypeError(f"an MPI part needs an MpiLaunch, not {type(launch).__name__}")
-    return mpi_part(launch, is_master=is_master, host=host)
+    return mpi_part(launch, is_master=is_master, host=host, watch=watch)
 
 
 def _processes(launch: Launch) -> ProcessesLaunch:
@@ -84,24 +85,33 @@ def _processes(launch: Launch) -> ProcessesLaunch:
     return launch
 
 
-def _program_part(launch: Launch, _is_master: bool, host: str) -> LocalPart:
+def _program_part(launch: Launch, _is_master: bool, host: str, watch: HostWatch) -> LocalPart:
     """The program (or torchrun) once on this host."""
     processes = _processes(launch)
     (program,) = processes.processes
-    return ProgramPart(program, host, processes.verdict)
+    return ProgramPart(program, host, processes.verdict, watch)
 
 
-def _task_group_part(launch: Launch, _is_master: bool, host: str) -> LocalPart:
+def _task_group_part(launch: Launch, _is_master: bool, host: str, watch: HostWatch) -> LocalPart:
     """tf.distribute's tasks on this host, one process each."""
     processes = _processes(launch)
     tasks = [
         (
             str(process.task),
-            ChildProcess(process.argv, process.env, process.working_dir, prefix=process.prefix),
+            ChildProcess(
+                process.argv,
+                process.env,
+                process.working_dir,
+                label=str(process.task),
+                pump=watch.pump,
+                # A ps server's main thread waits in server.join() by design: its lines are
+                # pumped, its idleness is no stall.
+                rank=not str(process.task).startswith("ps:"),
+            ),
         )
         for process in processes.processes
     ]
-    return TaskGroupPart(tasks, processes.chief_task, host, processes.verdict)
+    return TaskGroupPart(tasks, processes.chief_task, host, processes.verdict, watch)
 
 
 LAUNCHES: Mapping[Backend, LaunchKind] = MappingProxyType(
@@ -134,5 +144,6 @@ PROGRAM_HOST = Backend.PER_HOST
 
 
 def local_part(kind: Backend, launch: Launch, *, is_master: bool, host: str) -> LocalPart:
-    """This host's part of the job: the part of the launch kind that built `launch`."""
-    return LAUNCHES[kind].part(launch, is_master, host)
+    """This host's part of the job: the part of the launch kind that built `launch`, with this
+    host's watch (log pump, rank progress, stacks)."""
+    return LAUNCHES[kind].part(launch, is_master, host, HostWatch(host))

@@ -8,6 +8,7 @@ import logging
 import signal
 from collections.abc import Mapping
 
+from entrypoint.host.activity import HostWatch
 from entrypoint.host.children import ChildProcess
 from entrypoint.host.ranks import RANK_SOCKET_ENV, RankRegistry
 from entrypoint.job import HostProcess, JobShape, ProcessesLaunch, VerdictRule
@@ -30,20 +31,32 @@ class ProgramPart(PartBase):
     SIGKILL them 30 s after its own SIGTERM, or once one of them exits."""
 
     def __init__(
-        self, process: HostProcess, host: str, verdict: VerdictRule = VerdictRule.EVERY_HOST
+        self,
+        process: HostProcess,
+        host: str,
+        verdict: VerdictRule = VerdictRule.EVERY_HOST,
+        watch: HostWatch | None = None,
     ) -> None:
         self._process = process
         self.verdict = verdict
         self._host = host
+        self.watch = watch or HostWatch(host)
+        # torchrun's ranks register (and hand over their output) on their own.
+        supervisor = process.supervises_ranks
         self._child = ChildProcess(
-            process.argv, process.env, process.working_dir, prefix=process.prefix
+            process.argv,
+            process.env,
+            process.working_dir,
+            label="torchrun" if supervisor else "program",
+            pump=self.watch.pump,
+            rank=not supervisor,
         )
         self._ranks: RankRegistry | None = None
         self._paused = False
 
     def prepare(self) -> None:
         if self._process.supervises_ranks:
-            self._ranks = RankRegistry(self._process.env[RANK_SOCKET_ENV])
+            self._ranks = RankRegistry(self._process.env[RANK_SOCKET_ENV], self.watch.pump)
 
     def start(self) -> None:
         self._child.start()

@@ -9,6 +9,7 @@ import time
 from collections.abc import Sequence
 
 from entrypoint.channel.protocol import first_decisive
+from entrypoint.host.activity import HostWatch
 from entrypoint.host.children import ChildProcess
 from entrypoint.job import VerdictRule
 from entrypoint.part import PartBase, exit_failure
@@ -38,7 +39,10 @@ class TaskGroupPart(PartBase):
         chief: str | None,
         host: str,
         verdict: VerdictRule = VerdictRule.EVERY_HOST,
+        watch: HostWatch | None = None,
     ) -> None:
+        # The pump the tasks' output goes to (ChildProcess was given it).
+        self.watch = watch or HostWatch(host)
         self._tasks = dict(tasks)
         if len(self._tasks) < len(tasks):
             raise ValueError(f"a host's tasks need distinct names: {[name for name, _ in tasks]}")
