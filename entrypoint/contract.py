@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from sagemaker_training import mapping, params
+from sagemaker_training import params
 
 from entrypoint import sdk3
 from smcommon import names
@@ -287,9 +287,8 @@ class Contract:
     settings: EntrypointSettings
     job_name: str | None
     paths: ContractPaths = ContractPaths()
-    # Variables the toolkit sets for the program (SAGEMAKER_JOB_NAME, SAGEMAKER_REGION,
-    # SM_LOG_LEVEL): environment.py Environment.__init__ and to_env_vars().
-    toolkit_environment: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    # An SDK v3 job's drivers (sdk3.py): its own variables reach the program (toolkit_env.py).
+    sdk3_job: sdk3.Sdk3Job | None = None
     # The instance groups in file order; one group (named current_group_name, else
     # homogeneousCluster, over every host) where resourceconfig.json lists none.
     instance_groups: tuple[InstanceGroup, ...] = ()
@@ -700,20 +699,6 @@ def program_hyperparameters(
     return program
 
 
-def toolkit_environment(
-    hyperparameters: Mapping[str, Any], env: Mapping[str, str], log_level: int
-) -> dict[str, str]:
-    """The variables the toolkit sets for the program from its hyperparameters: the job name
-    and region (sagemaker_job_name, sagemaker_region, else the container's AWS_REGION), and
-    SM_LOG_LEVEL."""
-    region = hyperparameters.get(REGION_PARAM) or env.get("AWS_REGION") or ""
-    return {
-        params.JOB_NAME_ENV: hyperparameter_text(hyperparameters.get(JOB_NAME_PARAM, "")),
-        params.REGION_NAME_ENV: hyperparameter_text(region),
-        "SM_LOG_LEVEL": str(log_level),
-    }
-
-
 def _parse_program(hyperparameters: Mapping[str, Any], env: Mapping[str, str]) -> Program:
     program = env.get("SAGEMAKER_PROGRAM") or hyperparameters.get(PROGRAM_PARAM)
     submit_dir = env.get("SAGEMAKER_SUBMIT_DIRECTORY") or hyperparameters.get(SUBMIT_DIR_PARAM)
@@ -905,29 +890,6 @@ def choose_distribution_group(
     )
 
 
-def instance_group_environment(
-    groups: Sequence[InstanceGroup], current_group: str, distribution_group: str | None
-) -> dict[str, str]:
-    """The toolkit's instance-group variables for the program (environment.py to_env_vars,
-    encoded by its own mapping.to_env_vars): SM_CURRENT_INSTANCE_GROUP,
-    SM_CURRENT_INSTANCE_GROUP_HOSTS, SM_INSTANCE_GROUPS, SM_INSTANCE_GROUPS_DICT,
-    SM_DISTRIBUTION_INSTANCE_GROUPS, SM_IS_HETERO. The distribution groups are the one this
-    job distributes ([] for a per-host job over several groups that names none)."""
-    current = next(group for group in groups if group.name == current_group)
-    return mapping.to_env_vars(
-        {
-            "current_instance_group": current.name,
-            "current_instance_group_hosts": list(current.hosts),
-            "instance_groups": [group.name for group in groups],
-            "instance_groups_dict": {group.name: group.as_toolkit_dict() for group in groups},
-            "distribution_instance_groups": (
-                [] if distribution_group is None else [distribution_group]
-            ),
-            "is_hetero": len(groups) > 1,
-        }
-    )
-
-
 def parse_contract(
     *,
     resource_config_text: str,
@@ -1013,19 +975,7 @@ def parse_contract(
         settings=settings,
         job_name=job_name,
         paths=paths,
-        toolkit_environment={
-            **toolkit_environment(decoded, env, settings.log_level),
-            **(
-                sdk3.sdk3_environment(
-                    sdk3_job,
-                    hosts=tuple(sorted(hosts)),
-                    current_host=current_host,
-                    code_dir=code_channel,
-                )
-                if sdk3_job is not None
-                else {}
-            ),
-        },
+        sdk3_job=sdk3_job,
         instance_groups=groups,
         current_group=current_group,
         distribution_group=distribution_group,

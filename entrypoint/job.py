@@ -34,7 +34,7 @@ _FORWARD_NAMES = frozenset(
         "AWS_DEFAULT_REGION",
         "AWS_ENDPOINT_URL",
         "AWS_ENDPOINT_URL_S3",
-        # The toolkit's job name and region for the program (contract.toolkit_environment).
+        # The toolkit's job name and region for the program (toolkit_env.toolkit_environment).
         "SAGEMAKER_JOB_NAME",
         "SAGEMAKER_REGION",
     }

@@ -12,9 +12,9 @@ import dataclasses
 from collections.abc import Mapping
 from pathlib import Path
 
-from sagemaker_training import mapping, params
+from sagemaker_training import mapping
 
-from entrypoint import groups
+from entrypoint import groups, toolkit_env
 from entrypoint.contract import (
     Backend,
     BuiltinProgram,
@@ -22,7 +22,6 @@ from entrypoint.contract import (
     ContractError,
     ShellCommand,
     UserScript,
-    instance_group_environment,
 )
 from entrypoint.host.ranks import RANK_SOCKET_ENV, RANK_SOCKET_PATH
 from entrypoint.job import JobShape, format_command
@@ -115,8 +114,8 @@ def make_plan(
         ps_layout=PsLayout(contract.settings.ps_layout).value,
     )
     # The toolkit's SAGEMAKER_JOB_NAME, SAGEMAKER_REGION and SM_LOG_LEVEL reach the program.
-    base = {**(env or {}), **contract.toolkit_environment}
-    sm_env = sagemaker_environment(contract, gpu_count=gpu_count, cpu_count=cpu_count)
+    base = {**(env or {}), **toolkit_env.toolkit_environment(contract, env or {})}
+    sm_env = toolkit_env.sagemaker_environment(contract, gpu_count=gpu_count, cpu_count=cpu_count)
     environment = rank_environment(base, sm_env, shape)
     roles = groups.host_roles(contract, distribution_ranks=ranks)
     role = next(role for role in roles if role.host == contract.current_host)
@@ -143,109 +142,6 @@ def require_channel(contract: Contract, channel: str, *, channel_dir_exists: boo
             f"{contract.paths.input_data_config}: required channel {channel!r} is missing "
             f"(channels: {', '.join(contract.channels) or 'none'})"
         )
-
-
-def sagemaker_environment(contract: Contract, *, gpu_count: int, cpu_count: int) -> dict[str, str]:
-    """The SM_* variables the sagemaker-training toolkit defines for a training script, built
-    with the toolkit's own encoder (sagemaker_training.mapping.to_env_vars)."""
-    paths = contract.paths
-    hyperparameters = {
-        name: value
-        for name, value in contract.all_hyperparameters.items()
-        if name in contract.program_hyperparameters
-    }
-    user_entry_point = (
-        contract.program.program if isinstance(contract.program, UserScript) else None
-    )
-    fields: dict[str, object] = {
-        "hosts": list(contract.hosts),
-        "current_host": contract.current_host,
-        "current_instance_type": contract.current_instance_type,
-        "network_interface_name": contract.network_interface_name,
-        "hps": hyperparameters,
-        "user_entry_point": user_entry_point,
-        "module_name": user_entry_point,
-        "module_dir": str(paths.code_dir),
-        "channels": list(contract.channels),
-        "input_data_config": dict(contract.input_data_config),
-        "resource_config": dict(contract.resource_config),
-        "input_dir": str(paths.ml_root / "input"),
-        "input_config_dir": str(paths.config_dir),
-        "output_dir": str(paths.output_dir),
-        "output_data_dir": str(paths.output_dir / "data"),
-        "output_intermediate_dir": str(paths.output_dir / "intermediate"),
-        "model_dir": str(paths.model_dir),
-        "num_gpus": gpu_count,
-        "num_cpus": cpu_count,
-        "user_args": mapping.to_cmd_args(dict(contract.program_hyperparameters)),
-    }
-    for channel in contract.channels:
-        fields[f"channel_{channel}"] = str(paths.data_dir / channel)
-    for name, value in hyperparameters.items():
-        fields[f"hp_{name}"] = value
-    fields["training_env"] = training_env(contract, hyperparameters, fields)
-    return {
-        **mapping.to_env_vars(fields),
-        **instance_group_environment(
-            contract.instance_groups, contract.current_group, contract.distribution_group
-        ),
-    }
-
-
-def training_env(
-    contract: Contract, hyperparameters: Mapping[str, object], fields: Mapping[str, object]
-) -> dict[str, object]:
-    """SM_TRAINING_ENV: every property of the toolkit's Environment (environment.py, dict(env)),
-    with this job's master and distribution hosts (the toolkit's master_hostname: the first
-    distribution host)."""
-    by_name = {group.name: group for group in contract.instance_groups}
-    current = by_name[contract.current_group]
-    distribution = [] if contract.distribution_group is None else [contract.distribution_group]
-    return {
-        "additional_framework_parameters": {
-            name: value
-            for name, value in contract.all_hyperparameters.items()
-            if name.startswith(params.SAGEMAKER_PREFIX)
-            and name not in params.SAGEMAKER_HYPERPARAMETERS
-        },
-        "channel_input_dirs": {
-            channel: str(contract.paths.data_dir / channel) for channel in contract.channels
-        },
-        "current_host": contract.current_host,
-        "current_instance_group": current.name,
-        "current_instance_group_hosts": list(current.hosts),
-        "current_instance_type": contract.current_instance_type,
-        "distribution_hosts": list(contract.distribution_hosts),
-        "distribution_instance_groups": distribution,
-        "framework_module": None,
-        "hosts": list(contract.hosts),
-        "hyperparameters": dict(hyperparameters),
-        "input_config_dir": fields["input_config_dir"],
-        "input_data_config": dict(contract.input_data_config),
-        "input_dir": fields["input_dir"],
-        "instance_groups": list(by_name),
-        "instance_groups_dict": {name: group.as_toolkit_dict() for name, group in by_name.items()},
-        "is_hetero": contract.is_hetero,
-        "is_master": contract.current_host == contract.master_host,
-        "is_modelparallel_enabled": None,
-        "is_smddpmprun_installed": False,
-        "is_smddprun_installed": False,
-        "job_name": contract.job_name,
-        "log_level": contract.settings.log_level,
-        "master_hostname": contract.master_host,
-        "model_dir": fields["model_dir"],
-        "module_dir": fields["module_dir"],
-        "module_name": fields["module_name"],
-        "network_interface_name": contract.network_interface_name,
-        "num_cpus": fields["num_cpus"],
-        "num_gpus": fields["num_gpus"],
-        "num_neurons": 0,
-        "output_data_dir": fields["output_data_dir"],
-        "output_dir": fields["output_dir"],
-        "output_intermediate_dir": fields["output_intermediate_dir"],
-        "resource_config": dict(contract.resource_config),
-        "user_entry_point": fields["user_entry_point"],
-    }
 
 
 def rank_environment(

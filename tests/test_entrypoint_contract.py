@@ -22,6 +22,7 @@ from entrypoint.contract import (
     read_contract,
 )
 from entrypoint.plan import make_plan
+from entrypoint.toolkit_env import toolkit_environment
 
 RESOURCE = {
     "current_host": "algo-2",
@@ -213,7 +214,7 @@ def test_sdk_mpi_distribution_is_honoured():
     assert contract.program == UserScript("train.py", "s3://bucket/job/source/sourcedir.tar.gz")
     # model_dir reaches the script as --model_dir, as in AWS's TensorFlow containers.
     assert contract.program_hyperparameters == {"epochs": "3", "model_dir": "/opt/ml/model"}
-    assert contract.toolkit_environment == {
+    assert toolkit_environment(contract, {}) == {
         "SAGEMAKER_JOB_NAME": "tf-hvd-2026-11-22",
         "SAGEMAKER_REGION": "eu-west-1",
         "SM_LOG_LEVEL": "20",
@@ -222,10 +223,10 @@ def test_sdk_mpi_distribution_is_honoured():
 
 
 def test_toolkit_defaults_without_its_hyperparameters():
-    contract = parse(hyperparameters={"epochs": "1"}, env={"AWS_REGION": "us-west-2"})
+    contract = parse(hyperparameters={"epochs": "1"})
     assert contract.settings == EntrypointSettings()
     assert contract.settings.backend is Backend.MPI
-    assert contract.toolkit_environment == {
+    assert toolkit_environment(contract, {"AWS_REGION": "us-west-2"}) == {
         "SAGEMAKER_JOB_NAME": "",
         "SAGEMAKER_REGION": "us-west-2",
         "SM_LOG_LEVEL": "20",
@@ -267,7 +268,7 @@ def test_ranks_per_host_has_two_names(hyperparameters, ranks):
 def test_container_log_level(level, expected):
     contract = parse(hyperparameters={"sagemaker_container_log_level": level})
     assert contract.settings.log_level == expected
-    assert contract.toolkit_environment["SM_LOG_LEVEL"] == str(expected)
+    assert toolkit_environment(contract, {})["SM_LOG_LEVEL"] == str(expected)
 
 
 def test_tuning_jobs_get_their_own_model_dir():

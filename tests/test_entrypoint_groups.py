@@ -26,7 +26,8 @@ from entrypoint.groups import (
 )
 from entrypoint.job import VerdictRule
 from entrypoint.launches import LAUNCHES
-from entrypoint.plan import make_plan, sagemaker_environment
+from entrypoint.plan import make_plan
+from entrypoint.toolkit_env import sagemaker_environment, toolkit_environment
 from smcommon.failure import Failure, Reason
 
 # As SageMaker writes it for two groups: group hosts neither sorted nor contiguous, and the
@@ -315,6 +316,9 @@ _COMPARED = (
     "SM_RESOURCE_CONFIG",
     "SM_CHANNELS",
     "SM_HPS",
+    "SM_FRAMEWORK_PARAMS",
+    "SM_FRAMEWORK_MODULE",
+    "SM_NUM_NEURONS",
 )
 _COMPARED_TRAINING_ENV = (
     "current_host",
@@ -354,6 +358,9 @@ def test_the_toolkits_own_environment_agrees(current, monkeypatch, tmp_path):
     theirs = toolkit.to_env_vars()
     ours = sagemaker_environment(parse(config), gpu_count=0, cpu_count=1)
     assert {name: ours[name] for name in _COMPARED} == {name: theirs[name] for name in _COMPARED}
+    # Every name the toolkit gives a program, ours too (toolkit_env.py builds them all).
+    program_env = {**ours, **toolkit_environment(parse(config), {})}
+    assert set(theirs) - set(program_env) == set()
     ours_training_env = json.loads(ours["SM_TRAINING_ENV"])
     assert set(ours_training_env) == set(dict(toolkit))
     assert {name: ours_training_env[name] for name in _COMPARED_TRAINING_ENV} == {

@@ -38,11 +38,8 @@ from entrypoint.launches.mpi.plan import (
 from entrypoint.launches.program import ProgramPart
 from entrypoint.launches.tf_distribute.part import TaskGroupPart
 from entrypoint.launches.torchrun import torchrun_argv
-from entrypoint.plan import (
-    make_plan,
-    rank_environment,
-    sagemaker_environment,
-)
+from entrypoint.plan import make_plan, rank_environment
+from entrypoint.toolkit_env import sagemaker_environment
 
 
 def contract(hosts=("algo-1", "algo-2"), current="algo-1", hyperparameters=None, channels=None):

@@ -39,7 +39,7 @@ def test_a_heterogeneous_jobs_rendezvous_is_the_distribution_groups_master(launc
     SM_HOSTS[0] (algo-1): from the variables the entry point gives a worker's ranks, with
     SM_TRAINING_ENV (the channel launch) or without it (the ssh launch: sshd's SetEnv carries
     only one-token values)."""
-    from entrypoint.plan import sagemaker_environment  # noqa: PLC0415
+    from entrypoint.toolkit_env import sagemaker_environment  # noqa: PLC0415
     from tests.test_entrypoint_groups import parse, resource  # noqa: PLC0415
 
     contract = parse(resource(current="algo-1"))
