@@ -38,7 +38,8 @@ def run_then_break(make_cluster, breaking: str, victim: str, command: list[str] 
     `command` in it. Every surviving host must exit non-zero within FAIL_FAST_S."""
     cluster = make_cluster(2, hyperparameters=channel_mode(seconds=120), code_dir=PROGRAMS)
     cluster.start()
-    cluster.wait_for_log("algo-1", "RUNNING rank=1", timeout=120)
+    # Each rank's lines are on its own host's log (the stall work's log pump).
+    cluster.wait_for_log("algo-2", "RUNNING rank=1", timeout=120)
     broken_at = time.time()
     if command is None:
         cluster.kill(victim)
