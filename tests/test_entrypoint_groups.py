@@ -26,7 +26,7 @@ from entrypoint.groups import (
 )
 from entrypoint.job import VerdictRule
 from entrypoint.launches import LAUNCHES
-from entrypoint.plan import make_plan
+from entrypoint.plan import launch_lines, make_plan
 from entrypoint.toolkit_env import sagemaker_environment, toolkit_environment
 from smcommon.failure import Failure, Reason
 
@@ -544,3 +544,20 @@ def test_torchrun_runs_over_the_distribution_group_only():
     assert argv[argv.index("--master-addr") + 1] == "algo-3"
     (process,) = hetero_plan("algo-4", torch).launch.processes
     assert process.argv == ("python", "train.py")
+
+
+def test_a_program_host_of_a_tf_distribute_job_logs_no_tasks():
+    """A data host runs the program once (the PER_HOST row): it logs no TF_CONFIG lines. Read
+    from the backend, its launch lines looked for its own task in the distribution group's
+    hosts and raised (tuple.index)."""
+    mwms = {
+        "sagemaker_program": '"a.py"',
+        "sagemaker_multi_worker_mirrored_strategy_enabled": "true",
+        "sagemaker_distribution_instance_groups": '["dnn_group"]',
+    }
+    plan = make_plan(parse(resource(current="algo-2"), mwms), gpu_count=0)
+    assert plan.launch_kind is Backend.PER_HOST
+    assert launch_lines(plan) == ()
+    distributed = make_plan(parse(resource(current="algo-3"), mwms), gpu_count=0)
+    assert distributed.launch_kind is Backend.MULTI_WORKER_MIRRORED
+    assert "TF_CONFIG" in launch_lines(distributed)[-1]
