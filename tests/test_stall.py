@@ -151,3 +151,39 @@ def test_horovod_polls_while_the_main_thread_sleeps(docker, image):
     for main_thread, other in lines:
         assert float(main_thread) < 0.01
         assert float(other) > 0.05
+
+
+@pytest.mark.timeout(420)
+def test_hosts_programs_that_all_hang_end_the_job_each_named(make_cluster):
+    """sagemaker_mpi_enabled=false: each host's own program feeds the same pump and samples."""
+    cluster = hang_cluster(
+        make_cluster,
+        sagemaker_mpi_enabled="false",
+        hang="sleep",
+        **{"hang-rank": "-1", "hang-after": "8"},
+    )
+    cluster.start()
+    hung_at = min(hang_time(cluster, host) for host in HOSTS)
+    assert_stalled(cluster, hung_at, "algo-2 program", "idle", "wait_forever")
+    assert "algo-1 program (idle since " in (cluster.failure("algo-1") or ""), cluster.describe()
+
+
+@pytest.mark.timeout(300)
+def test_ranks_alive_when_a_stops_grace_runs_out_leave_their_stacks(make_cluster):
+    cluster = hang_cluster(
+        make_cluster, sigterm_grace_seconds="5", seconds="600", **{"ignore-sigterm": "true"}
+    )
+    cluster.start()
+    for host in HOSTS:
+        cluster.wait_for_log(host, "STEPPING rank=", timeout=240)
+    for stopper in cluster.stop(HOSTS, timeout=60):
+        stopper.wait(90)
+    assert cluster.wait(timeout=30) == dict.fromkeys(HOSTS, 143), cluster.describe()
+    for host, ranks in (("algo-1", (0, 1)), ("algo-2", (2, 3))):
+        log = cluster.logs(host)
+        for rank in ranks:
+            # Every live rank's stack, tagged with its host and rank, in its own host's log.
+            assert (
+                f"[{host} rank {rank}] stack (still running when the stop's grace ran out):" in log
+            ), cluster.describe()
+            assert re.search(rf"\[{host} rank {rank}\] +main \((/opt/ml/code/)?hang.py:\d+\)", log)

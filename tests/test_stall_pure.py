@@ -358,3 +358,11 @@ def test_a_worker_whose_ranks_ended_reports_none():
     watch.on_report("algo-2", (), [("rank 3", "ValueError: bad")])
     assert watch.job_samples() == []
     assert watch.wait_for_error("rank 3", 0) == RankError("rank 3", "ValueError: bad", "algo-2")
+
+
+def test_frames_read_their_source_line_relative_to_the_working_dir(tmp_path):
+    (tmp_path / "train.py").write_text("import time\n\ntotal = comm.allreduce(x)\n")
+    dump = 'Thread 1 (idle): "MainThread"\n    step (train.py:3)\n'
+    (thread,) = stacks.parse_dump(dump, tmp_path)
+    assert thread.frames == (Frame("step", "train.py", 3, "total = comm.allreduce(x)"),)
+    assert in_collective(thread.frames)
