@@ -347,6 +347,7 @@ def test_the_master_decides_only_with_every_workers_report_and_after_confirming(
     clock.now += CONFIRM_S
     failure = stalls.check(clock.now)
     assert failure is not None and failure.reason is Reason.STALLED
+    assert failure.host == "algo-2"
     assert failure.message.startswith("no rank wrote output for 68 s (stall_timeout_seconds=60)")
     assert "stopped progressing: algo-2 rank 3 (idle since " in failure.message
 
