@@ -156,7 +156,7 @@ def stall_message(
     parts = []
     for sample in named:
         since = _clock_time(now_wall - sample.idle_s)
-        state = "frozen (stopped)" if sample.stopped else "idle"
+        state = "stopped" if sample.stopped else "idle"
         frames = stacks.get(sample.name)
         where = f", in {user_frame(frames)}" if frames else ""
         parts.append(f"{sample.name} ({state} since {since}{where})")

@@ -123,7 +123,7 @@ def test_when_every_rank_is_idle_the_ones_in_a_collective_are_victims():
 def test_a_frozen_rank_without_a_stack_is_named_frozen():
     stall = Stall(61, (sample("rank 2", 61, 61, host="algo-2", stopped=True),))
     assert stall_message(stall, {}, WALL, T).endswith(
-        "stopped progressing: algo-2 rank 2 (frozen (stopped) since 20:15:03 UTC)"
+        "stopped progressing: algo-2 rank 2 (stopped since 20:15:03 UTC)"
     )
 
 
