@@ -66,8 +66,14 @@ def assert_stalled(cluster, hung_at: float, stuck: str, state: str, function: st
 
 
 @pytest.mark.timeout(420)
-def test_a_sleeping_rank_ends_the_job_named_with_its_stack(make_cluster):
-    cluster = hang_cluster(make_cluster, hang="sleep", **{"hang-rank": "3", "hang-after": "8"})
+@pytest.mark.parametrize("remote_shell", ["channel", "ssh"])
+def test_a_sleeping_rank_ends_the_job_named_with_its_stack(make_cluster, remote_shell):
+    cluster = hang_cluster(
+        make_cluster,
+        mpi_remote_shell=remote_shell,
+        hang="sleep",
+        **{"hang-rank": "3", "hang-after": "8"},
+    )
     cluster.start()
     hung_at = hang_time(cluster, "algo-2")
     assert_stalled(cluster, hung_at, "algo-2 rank 3", "idle", "wait_forever")
