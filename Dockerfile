@@ -321,6 +321,19 @@ RUN --mount=type=cache,target=/root/.cache/pip \
     pip install -c /opt/requirements/constraints.txt starlette uvicorn uvloop httptools; \
     python -c 'import starlette, uvicorn, uvloop, httptools'
 
+# torch.compile's default backend (inductor) builds its CPU kernels, and triton its GPU
+# launchers, with the system's C++ compiler and Python's headers when a model first runs:
+# without them a user's model_fn that compiles its model fails at the first request
+# (docs/torch.md: what this layer adds to the image).
+# hadolint ignore=DL3008
+RUN set -eux; \
+    apt-get update; \
+    apt-get install -y --no-install-recommends g++ python3-dev; \
+    rm -rf /var/lib/apt/lists/*; \
+    python -c 'import torch; f = torch.compile(lambda x: x.sin() + 1); assert float(f(torch.zeros(4)).sum()) == 4.0'; \
+# The check's compiled kernels (inductor's cache, ~120 MB) stay out of the layer.
+    rm -rf /tmp/torchinductor_*
+
 COPY docker/docker-entrypoint.sh /usr/local/bin/docker-entrypoint.sh
 
 # This repository's code, last: no TensorFlow code (the built-in model and tf_s3, whose program

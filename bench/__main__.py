@@ -6,6 +6,7 @@ python -m bench --only accuracy  # one measurement, merged into the existing res
 python -m bench --only serving   # serve vs Flask, KServe, MLServer, a floor (~12 min)
 python -m bench --only strategies  # Horovod vs MultiWorkerMirroredStrategy, and the MWMS fault
 python -m bench --only torch       # our torch backend vs bare torchrun (--torch-image)
+python -m bench --only watchdog    # what stall detection costs a healthy job (off vs default)
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from bench.serving import ServingResult, measure_serving
 from bench.strategies import StrategiesResult, measure_strategies
 from bench.torch_backend import DEFAULT_IMAGE as DEFAULT_TORCH_IMAGE
 from bench.torch_backend import TorchResult, image_exists, measure_torch
+from bench.watchdog import WatchdogResult, measure_watchdog
 from bench.workspace import Workspace, workspace
 
 log = logging.getLogger("bench")
@@ -49,6 +51,7 @@ MEASUREMENTS = (
     "serving",
     "strategies",
     "torch",
+    "watchdog",
 )
 # Which field of Results each measurement fills (for --only's merge).
 RESULT_FIELDS = {
@@ -61,6 +64,7 @@ RESULT_FIELDS = {
     "serving": "serving",
     "strategies": "strategies",
     "torch": "torch_backend",
+    "watchdog": "watchdog",
 }
 # How long a fault run waits for the surviving hosts: the toolkit's workers poll for the
 # master's status file every 30 s and check the master only every 2 minutes.
@@ -205,6 +209,7 @@ def run(settings: Settings) -> Results:
     serving: ServingResult | None = None
     strategies: StrategiesResult | None = None
     torch_backend: TorchResult | None = None
+    watchdog: WatchdogResult | None = None
     if "serving" not in settings.skip:
         serving = measure("serving", measure_serving, settings.docker, settings.image,
                           quick=settings.quick)  # fmt: skip
@@ -226,6 +231,8 @@ def run(settings: Settings) -> Results:
             torch_backend = measure("torch", _measure_torch, space, settings)
             if torch_backend is None:
                 del recorder.sections["torch"]
+        if "watchdog" not in settings.skip:
+            watchdog = measure("watchdog", measure_watchdog, space, quick=settings.quick)
         if settings.only in {None, "rebuild"}:
             image = measure("rebuild", measure_image, settings.docker, settings.image,
                             space.root, rebuild="rebuild" not in settings.skip)  # fmt: skip
@@ -243,6 +250,7 @@ def run(settings: Settings) -> Results:
         serving=serving,
         strategies=strategies,
         torch_backend=torch_backend,
+        watchdog=watchdog,
         sections=recorder.sections,
     )
 

@@ -50,6 +50,7 @@ from bench.torch_backend import (
     overhead_summaries,
     torch_goals,
 )
+from bench.watchdog import WatchdogResult, watchdog_from_json, watchdog_lines
 
 COLORS = {
     Launcher.OURS: "#1b9e77",
@@ -78,6 +79,7 @@ class Results:
     serving: ServingResult | None = None
     strategies: StrategiesResult | None = None
     torch_backend: TorchResult | None = None
+    watchdog: WatchdogResult | None = None
     # Each section's own date, commit, machine, load and duration, by its name in
     # bench.__main__.MEASUREMENTS: `--only NAME` replaces one, the others keep theirs.
     sections: dict[str, Provenance] = dataclasses.field(default_factory=dict)
@@ -402,6 +404,7 @@ def _sections(results: Results) -> list[tuple[str, list[str]]]:
         ("serving", serving_lines(results.serving)),
         ("strategies", strategies_lines(results.strategies)),
         ("torch", _torch_lines(results.torch_backend)),
+        ("watchdog", watchdog_lines(results.watchdog)),
     ]  # fmt: skip
     return [(name, lines) for name, lines in sections if lines]
 
@@ -517,6 +520,7 @@ def load_results(path: Path) -> Results:
         serving=serving_from_json(raw.get("serving")),
         strategies=strategies_from_json(raw.get("strategies")),
         torch_backend=_torch_from(raw.get("torch_backend")),
+        watchdog=watchdog_from_json(raw.get("watchdog")),
         sections={
             name: provenance
             for name, raw_provenance in raw.get("sections", {}).items()

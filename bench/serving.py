@@ -65,7 +65,10 @@ CA_BUNDLES = ("/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundl
 OURS, BASELINE = "serve (uvicorn + dynamic batching)", "Flask + gunicorn sync workers"
 KSERVE, MLSERVER = "KServe 0.15.2", "MLServer 1.6.1"
 FLOOR = "floor: granian 2.8.7, constant body"
-SERVERS = (OURS, BASELINE, KSERVE, MLSERVER, FLOOR)
+# serve's own app (serve.app:create_app, the same settings) under granian instead of uvicorn:
+# which HTTP server serves it best, measured side by side (issue 36).
+OURS_GRANIAN = "serve's app under granian 2.8.7"
+SERVERS = (OURS, OURS_GRANIAN, BASELINE, KSERVE, MLSERVER, FLOOR)
 MLP, DIGITS, TEXT = "Keras MLP, 8 floats", "digits CNN, one PNG", "string input, one sentence"
 MODELS = (MLP, DIGITS, TEXT)
 # One row of the MLP's 8 features, as predictor.predict(np.array([[...]])) sends it.
@@ -252,8 +255,14 @@ def server_plans() -> dict[str, ServerPlan]:
     granian = ("/opt/kserve/bin/granian", "--interface", "asgi", "--host", "0.0.0.0",  # noqa: S104
                "--port", "8080", "--workers", str(FLOOR_WORKERS), "--working-dir", "/opt/bench",
                "floor:app")  # fmt: skip
+    # granian from the KServe venv, which reads the image's /opt/venv (serve, starlette) after
+    # its own pins (the same starlette and anyio); one worker and uvloop, as `serve` runs.
+    ours_granian = ("/opt/kserve/bin/granian", "--interface", "asgi", "--factory",
+                    "--host", "0.0.0.0", "--port", "8080", "--workers", "1",  # noqa: S104
+                    "--loop", "uvloop", "serve.app:create_app")  # fmt: skip
     return {
         OURS: ServerPlan(OURS, ("serve",), "/ping"),
+        OURS_GRANIAN: ServerPlan(OURS_GRANIAN, ours_granian, "/ping"),
         BASELINE: ServerPlan(BASELINE, gunicorn, "/ping"),
         KSERVE: ServerPlan(KSERVE, kserve, "/v1/models/model", peers_env),
         MLSERVER: ServerPlan(MLSERVER, mlserver, "/v2/models/model/ready", peers_env),

@@ -61,14 +61,19 @@ def load_model(settings: Settings) -> Runner:
 
 
 def model_loader(settings: Settings) -> ModelLoader:
-    """A multi-model endpoint's loader: one model folder (with its own code/) -> its runner."""
+    """A multi-model endpoint's loader: one model folder -> its runner, with its own code/, or
+    the universal one (hooks.model_code_dir; main.py installed that one's requirements)."""
 
     def load(name: str, folder: Path) -> Runner:
         from serve.tf_runner import compose, load_archive  # noqa: PLC0415
 
-        hooks.install_requirements(folder)
-        hooks.add_lib_to_path(folder)
-        return compose(load_archive(folder, name=name), settings)
+        code = hooks.model_code_dir(name, folder, settings.models_dir)
+        if code is not None and code != settings.code_dir:
+            hooks.install_requirements(folder, code)
+        hooks.add_lib_to_path(folder, code)
+        if code is not None:
+            log.info("model %s: hooks from %s", name, code / hooks.SCRIPT)
+        return compose(load_archive(folder, name=name, code=code), settings)
 
     return load
 
@@ -178,6 +183,19 @@ async def _load(
     on_fatal(message)
 
 
+def _initial_state(
+    settings: Settings, models: ModelLoader | None, pauses: heap.PauseWatch
+) -> State:
+    state = State(settings)
+    if settings.multi_model:
+        loader = models or model_loader(settings)
+        state.manager = ModelManager(loader, settings.min_free_bytes, pauses)
+        hooks.add_lib_to_path(settings.models_dir, settings.code_dir)
+    else:
+        hooks.add_lib_to_path(settings.model_dir, settings.code_dir)
+    return state
+
+
 def create_app(
     settings: Settings | None = None,
     *,
@@ -190,14 +208,8 @@ def create_app(
     `models` loads one model of a multi-model endpoint (tests pass stand-ins for TensorFlow)."""
     settings = settings or settings_from_env(os.environ)
     configure_logging()
-    state = State(settings)
     pauses = heap.PauseWatch()
-    if settings.multi_model:
-        state.manager = ModelManager(
-            models or model_loader(settings), settings.min_free_bytes, pauses
-        )
-    else:
-        hooks.add_lib_to_path(settings.model_dir, settings.code_dir)
+    state = _initial_state(settings, models, pauses)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:

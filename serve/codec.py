@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from serve import errors
+from serve import tfs
 from serve.batching import Piece
 from serve.errors import JSON, JSONLINES, ServeError, media_type
 from serve.tfs import json_document_text
@@ -33,8 +33,7 @@ from serve.tfs import json_document_text
 IMAGE_TYPES = frozenset(
     ("image/png", "image/jpeg", "application/x-image", "application/octet-stream")
 )
-# Other spellings of JSON lines in use (SageMaker's TF Serving container accepts both).
-JSONLINES_ALIASES = frozenset((JSONLINES, "application/jsonl", "application/x-jsonlines"))
+JSONLINES_ALIASES = tfs.JSONLINES_ALIASES
 NPY = "application/x-npy"
 SUPPORTED_INPUTS = (*sorted(IMAGE_TYPES), JSON, JSONLINES, NPY)
 CUSTOM_ATTRIBUTES_TOP_K = "top_k"
@@ -42,13 +41,9 @@ CUSTOM_ATTRIBUTES_TOP_K = "top_k"
 MAX_IMAGE_PIXELS = 64 * 1024 * 1024
 
 
-# What the built-in classifier writes, by the Accept types it takes (JSON Lines' aliases).
-_WRITES = {JSON: JSON, **dict.fromkeys(JSONLINES_ALIASES, JSONLINES)}
-
-
 def choose_accept(header: str | None, default: str) -> str:
-    """The response type for an Accept header (errors.choose_accept): JSON or JSON Lines."""
-    return errors.choose_accept(header, default, _WRITES)
+    """The response type for an Accept header: TF Serving's rule (tfs.choose_accept)."""
+    return tfs.choose_accept(header, default)
 
 
 def parse_top_k(custom_attributes: str | None, classes: int) -> int | None:

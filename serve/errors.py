@@ -32,6 +32,18 @@ def media_type(header: str | None) -> str:
     return (header or "").split(";", 1)[0].strip().lower()
 
 
+_ANY = ("*/*", "application/*", "")
+
+
+def requested_accept(header: str | None, default: str) -> str:
+    """What the client asks for, as a user's hook sees it: the Accept header, or `default`
+    (SAGEMAKER_DEFAULT_INVOCATIONS_ACCEPT) where there is none or it is */* (AWS's inference
+    toolkit, and its PyTorch and scikit-learn containers, do the same)."""
+    if not header or media_type(header.split(",", 1)[0]) in _ANY:
+        return default
+    return header.strip()
+
+
 def choose_accept(header: str | None, default: str, writes: Mapping[str, str]) -> str:
     """The response type for an Accept header: the type `writes` maps the first it knows to, in
     the client's order (q-values are not weighed: SageMaker clients send one type); */*,
@@ -41,7 +53,7 @@ def choose_accept(header: str | None, default: str, writes: Mapping[str, str]) -
         return default
     for item in header.split(","):
         kind = media_type(item)
-        if kind in ("*/*", "application/*", ""):
+        if kind in _ANY:
             return default
         if kind in writes:
             return writes[kind]

@@ -7,8 +7,10 @@ bench/results showed before this; docs/serve.md). Once a model has loaded, `free
 all of it to the permanent generation, which collections never walk: a full collection then covers
 only what requests allocate (about a millisecond).
 
-A multi-model endpoint freezes after each load. An unload first unfreezes (`refreeze_heap`):
-otherwise the unloaded model's reference cycles would stay frozen, never collected.
+A multi-model endpoint freezes after each load without collecting first: the models already
+loaded keep answering, and a whole-heap walk would stop them (and /ping) for 0.1-0.4 s. An
+unload unfreezes, collects and freezes again (`refreeze_heap`): otherwise the unloaded model's
+reference cycles, and the garbage frozen with the loads, would be kept forever.
 
 `PauseWatch` records every collection's pause through `gc.callbacks`; the app logs the tally
 when it drains, so a tail that comes back shows in the log.
@@ -25,9 +27,12 @@ from typing import Any
 FULL = 2  # the oldest generation: a full collection
 
 
-def freeze_heap() -> int:
-    """Collect what is garbage now, then freeze everything alive; the objects now frozen."""
-    gc.collect()
+def freeze_heap(collect: bool = True) -> int:
+    """Collect what is garbage now (a whole-heap walk that holds the GIL), then freeze
+    everything alive; the objects now frozen. Without `collect`, the freeze alone is nearly
+    free, but today's garbage is frozen with the rest until `refreeze_heap`."""
+    if collect:
+        gc.collect()
     gc.freeze()
     return gc.get_freeze_count()
 
@@ -92,11 +97,11 @@ class PauseWatch:
         if self._callback in gc.callbacks:
             gc.callbacks.remove(self._callback)
 
-    def freeze(self) -> int:
+    def freeze(self, collect: bool = True) -> int:
         """freeze_heap, its own collection not counted."""
         self._freezing = True
         try:
-            return freeze_heap()
+            return freeze_heap(collect)
         finally:
             self._freezing = False
 

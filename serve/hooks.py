@@ -90,6 +90,15 @@ def code_dir(model_dir: Path) -> Path:
     return model_dir / CODE_DIR
 
 
+def model_code_dir(name: str, folder: Path, models_dir: Path) -> Path | None:
+    """A multi-model endpoint's code for one model: the first code/ with an inference.py of
+    its own folder's, AWS's per-model place (MODELS/NAME/model/code: the code/ beside the
+    folder its test_pre_post_processing_mme.py loads), then MODELS/code, the script AWS's
+    container applies to every model; None where none has one."""
+    candidates = (code_dir(folder), models_dir / name / "model" / CODE_DIR, code_dir(models_dir))
+    return next((code for code in candidates if (code / SCRIPT).is_file()), None)
+
+
 def add_lib_to_path(model_dir: Path, code: Path | None = None) -> None:
     """code/lib first on the import path (`code`: the code folder when it is not the model's
     own, as for a PyTorch model's SAGEMAKER_SUBMIT_DIRECTORY)."""
@@ -104,10 +113,11 @@ def install_requirements(model_dir: Path, code: Path | None = None) -> None:
     # The reading of pip's output the entry point shares (smcommon, dependency-free).
     from smcommon.pipoutput import failed_requirement, last_error_line  # noqa: PLC0415
 
-    requirements = (code or code_dir(model_dir)) / REQUIREMENTS
+    code = code or code_dir(model_dir)
+    requirements = code / REQUIREMENTS
     if not requirements.is_file():
         return
-    if (code_dir(model_dir) / LIB_DIR).is_dir():
+    if (code / LIB_DIR).is_dir():
         # AWS's container: code/lib is what an offline endpoint ships instead of an index.
         log.info("%s/%s skipped: %s/%s is present", CODE_DIR, REQUIREMENTS, CODE_DIR, LIB_DIR)
         return
@@ -128,13 +138,14 @@ def install_requirements(model_dir: Path, code: Path | None = None) -> None:
         raise ModelError(f"{CODE_DIR}/{REQUIREMENTS}: {what} ({last_error_line(output)})")
 
 
-def load_hooks(model_dir: Path) -> Hooks | None:
-    """Import code/inference.py, if there is one; ModelError if it defines no hook."""
-    script = code_dir(model_dir) / SCRIPT
+def load_hooks(model_dir: Path, code: Path | None = None) -> Hooks | None:
+    """Import code/inference.py (`code`: the code folder when it is not the model's own), if
+    there is one; ModelError if it defines no hook."""
+    script = (code or code_dir(model_dir)) / SCRIPT
     if not script.is_file():
         return None
     _refuse_model_fn_script(script)
-    add_lib_to_path(model_dir)
+    add_lib_to_path(model_dir, code)
     spec = importlib.util.spec_from_file_location("inference", script)
     if spec is None or spec.loader is None:
         raise ModelError(f"cannot import {script}")

@@ -41,6 +41,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if settings.multi_model:
             # Models come and go through /models, in one process (one table of models).
             settings = dataclasses.replace(settings, workers=1)
+            # The universal code/requirements.txt, once, before any model's script imports.
+            hooks.install_requirements(settings.models_dir, settings.code_dir)
             described = "a multi-model endpoint (no model until POST /models)"
         elif settings.framework == PYTORCH:
             torch_io.check_model_dir(settings.model_dir, settings.code_dir / settings.program)

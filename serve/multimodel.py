@@ -184,7 +184,10 @@ class ModelManager:
             raise
         except Exception as exc:  # noqa: BLE001  (TensorFlow and user code raise many types)
             raise ServeError(500, f"cannot load model {name} from {url}: {one_line(exc)}") from None
-        log.info("gc: %d objects frozen after loading %s", self._pauses.freeze(), name)
+        # No collection first: it would walk the heap holding the GIL, stopping /ping and the
+        # other models; an unload collects (heap.py).
+        frozen = self._pauses.freeze(collect=False)
+        log.info("gc: %d objects frozen after loading %s", frozen, name)
         return runner
 
     async def load(self, name: str, url: str) -> str:

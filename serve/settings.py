@@ -55,6 +55,9 @@ class Settings:
     default_model: str | None = None
     # SAGEMAKER_MULTI_MODEL: start with no model; SageMaker loads them through /models.
     multi_model: bool = False
+    # A multi-model endpoint's folder: its code/ (inference.py, requirements.txt, lib) applies
+    # to every model that has no code of its own, as in AWS's TF Serving container.
+    models_dir: Path = Path("/opt/ml/models")
     # A multi-model load that would leave less memory free than this gets 507.
     min_free_bytes: int = 256 * 1024 * 1024
     # Which runner serves the model folder: the image's framework (SM_IMAGE_FLAVOR), chosen once.
@@ -70,6 +73,8 @@ class Settings:
     def code_dir(self) -> Path:
         if self.framework == PYTORCH and self.submit_directory is not None:
             return self.submit_directory
+        if self.multi_model:
+            return self.models_dir / "code"
         return self.model_dir / "code"
 
     @property

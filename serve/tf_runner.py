@@ -24,7 +24,7 @@ import numpy as np
 from serve import codec, hooks, tfs
 from serve.batcher import Batcher
 from serve.batching import Piece, cut_rows, join_rows, rows_per_call
-from serve.errors import JSON, ServeError, error_body, media_type
+from serve.errors import JSON, ServeError, error_body, media_type, requested_accept
 from serve.model import Model, Registry, Version, load_registry, scan, serialize_examples
 from serve.runner import CUSTOM_ATTRIBUTES, Incoming, ModelInfo, Outgoing, Runner, off_loop
 from serve.settings import Settings
@@ -41,10 +41,15 @@ class Loaded:
 
 
 def load_archive(
-    model_dir: Path, default_model: str | None = None, *, name: str | None = None
+    model_dir: Path,
+    default_model: str | None = None,
+    *,
+    name: str | None = None,
+    code: Path | None = None,
 ) -> Loaded:
     """Every model and version under `model_dir`, and its code/inference.py's hooks. `name`:
-    a multi-model endpoint's name for the one model the folder holds."""
+    a multi-model endpoint's name for the one model the folder holds; `code`: its code folder
+    when that is not the model's own code/."""
     archive = scan(model_dir, default_model)
     if name is not None:
         if len(archive.catalog.models) != 1:
@@ -55,7 +60,7 @@ def load_archive(
         labels = {name: archive.labels[found_name]} if found_name in archive.labels else {}
         catalog = dataclasses.replace(archive.catalog, models=(entry,), default=name)
         archive = dataclasses.replace(archive, catalog=catalog, labels=labels)
-    return Loaded(load_registry(archive), hooks.load_hooks(model_dir))
+    return Loaded(load_registry(archive), hooks.load_hooks(model_dir, code))
 
 
 def compose(loaded: Loaded, settings: Settings, *, port: int | None = None) -> Runner:
@@ -130,11 +135,12 @@ class TensorflowRunner:
         # Refuse an unknown type before reading a body we cannot use.
         if kind not in tfs.JSON_TYPES and kind != tfs.CSV:
             raise ServeError(415, f"Unsupported Media Type: {content_type or ''}")
+        accept = tfs.choose_accept(incoming.header("accept"), self.settings.default_accept)
         with self.batcher.in_flight():
             body = await incoming.read_body()
             document = await off_loop(len(body), tfs.request_document, body, content_type)
             answer = await self.answer(model, version, method, document, len(body))
-        return Outgoing(200, answer, tfs.accept_type(incoming.header("accept")))
+        return Outgoing(200, answer, accept)
 
     async def answer(
         self, model: Model, version: Version, method: str, document: Any, size: int
@@ -259,7 +265,9 @@ class HooksRunner:
         model, version = self.inner.registry.resolve(
             attributes.model_name, attributes.model_version
         )
-        accept = incoming.header("accept")
+        # The script writes what it likes: its hooks see the Accept asked for (the default
+        # for none or */*), and a body it returns alone gets the type TF Serving would give.
+        accept = requested_accept(incoming.header("accept"), self.inner.settings.default_accept)
         body = await incoming.read_body()
         context = hooks.Context(
             model_name=model.name,
@@ -305,5 +313,9 @@ class HooksRunner:
             raise
         except Exception as exc:  # noqa: BLE001  (the user's hook: its message, as AWS's container)
             raise ServeError(500, " ".join(str(exc).split()) or type(exc).__name__) from None
-        answer, answer_type = hooks.as_response(result, tfs.accept_type(accept))
+        try:
+            written = tfs.choose_accept(accept, self.inner.settings.default_accept)
+        except ServeError:  # a type only the script knows: it answered, not us
+            written = self.inner.settings.default_accept
+        answer, answer_type = hooks.as_response(result, written)
         return Outgoing(status, answer, answer_type)

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from serve import errors
 from serve.errors import JSON, JSONLINES, ServeError, media_type
 
 # What AWS's container routes to its JSON handler (the body decides what happens).
@@ -170,14 +171,17 @@ def parse_custom_attributes(header: str | None) -> CustomAttributes:
     )
 
 
-def accept_type(header: str | None) -> str:
-    """The response's Content-Type: the first of application/json and application/jsonlines
-    that Accept lists, else application/json (the body is the same JSON either way)."""
-    for item in (header or "").split(","):
-        kind = media_type(item)
-        if kind in (JSON, JSONLINES):
-            return kind
-    return JSON
+# What TF Serving's answers are written as, by the Accept types that ask for them (the body
+# is the same JSON either way; JSON Lines' other spellings as AWS's container takes them).
+JSONLINES_ALIASES = frozenset((JSONLINES, "application/jsonl", "application/x-jsonlines"))
+WRITES = {JSON: JSON, **dict.fromkeys(JSONLINES_ALIASES, JSONLINES)}
+
+
+def choose_accept(header: str | None, default: str) -> str:
+    """The response's Content-Type for an Accept header (errors.choose_accept, the one rule of
+    every runner): JSON or JSON Lines; */* or none -> `default`
+    (SAGEMAKER_DEFAULT_INVOCATIONS_ACCEPT); anything else -> 406."""
+    return errors.choose_accept(header, default, WRITES)
 
 
 def not_found(name: str, version: int | None) -> ServeError:

@@ -29,7 +29,7 @@ import torch
 
 from serve import torch_io
 from serve.discovery import ModelError
-from serve.errors import ServeError, media_type
+from serve.errors import ServeError, media_type, requested_accept
 from serve.runner import Incoming, ModelInfo, Outgoing, Runner
 from serve.settings import Settings
 
@@ -151,9 +151,7 @@ class TorchRunner:
     ) -> tuple[bytes, str]:
         """One request: (response body, its content type). ServeError: 4xx for the client's
         errors the defaults find, 500 for the user's hook raising (one line naming it)."""
-        accept = accept.strip() if accept else ""
-        if not accept or accept == "*/*":
-            accept = default_accept
+        accept = requested_accept(accept, default_accept)
         data: Any = body
         if media_type(content_type) in torch_io.TEXT_TYPES:
             try:

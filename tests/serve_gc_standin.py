@@ -37,6 +37,6 @@ def _load(settings: Settings) -> Runner:
 
 def create_app() -> Starlette:
     if os.environ.get("SM_TEST_GC_NO_FREEZE") == "1":
-        heap.freeze_heap = heap.gc.get_freeze_count
+        heap.freeze_heap = lambda collect=True: heap.gc.get_freeze_count()
     settings = Settings(model_dir=Path(os.environ["SM_SERVE_MODEL_DIR"]))
     return app.create_app(settings, loader=_load)

@@ -57,8 +57,9 @@ class Loader:
             return Version(number, {"serving_default": _signature({"x": F32}, {"y": F32}, half)})
 
         model = Model(name, {n: version(n) for n in numbers}, numbers[-1])
+        code = hooks.model_code_dir(name, folder, self.settings.models_dir)
         return compose(
-            Loaded(Registry({name: model}, name), hooks.load_hooks(folder)), self.settings
+            Loaded(Registry({name: model}, name), hooks.load_hooks(folder, code)), self.settings
         )
 
 
@@ -221,6 +222,40 @@ def test_per_model_inference_py_and_one_that_raises(tmp_path: Path) -> None:
         )
         assert invoke(client, "plain") == (200, {"predictions": [1.5, 2.0, 3.5]})
         assert client.get("/ping").status_code == 200
+
+
+UNIVERSAL = """
+def input_handler(data, context):
+    return data.read()
+
+def output_handler(response, context):
+    return response.text.replace("predictions", "universal:" + context.model_name), "text/plain"
+"""
+
+
+def test_one_universal_inference_py_for_every_model_without_its_own(tmp_path: Path) -> None:
+    """AWS's container: MODELS/code/inference.py applies to every model; a model's own code/
+    wins, and so does AWS's per-model place, MODELS/NAME/model/code."""
+    models = tmp_path / "models"
+    (models / "code").mkdir(parents=True)
+    (models / "code" / "inference.py").write_text(UNIVERSAL)
+    first = model_folder(models, "first", (1,))
+    second = model_folder(models, "second", (1,))
+    own = model_folder(models, "own", (1,), HOOKS)
+    aws = model_folder(models / "aws" / "model", "half", (1,))
+    (models / "aws" / "model" / "code").mkdir()
+    (models / "aws" / "model" / "code" / "inference.py").write_text(HOOKS)
+    client, _ = mme(models_dir=models)
+    with client:
+        for name, url in (("first", first), ("second", second), ("own", own), ("aws", aws)):
+            assert load(client, name, url)[0] == 200
+        for name in ("first", "second"):
+            answer = client.post(f"/models/{name}/invoke", content=PREDICT, headers=JSON_CT)
+            assert answer.text == f'{{"universal:{name}": [1.5, 2.0, 3.5]}}'
+        for name in ("own", "aws"):
+            assert invoke(client, name) == (200, {"predictions": [1.5, 2.0, 3.5]})
+            refused = client.post(f"/models/{name}/invoke", content=b"raise", headers=JSON_CT)
+            assert refused.json() == {"error": f"input_handler refused {name}"}
 
 
 def test_load_request_and_memory_rules() -> None:

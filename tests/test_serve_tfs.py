@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 from starlette.testclient import TestClient
 
-from serve import batching, hooks, page, tfs
+from serve import batching, errors, hooks, page, tfs
 from serve.app import create_app
 from serve.batcher import Batcher, OverloadedError
 from serve.batching import Piece, run_merged
@@ -129,17 +129,33 @@ def test_custom_attributes_refused(header: str, message: str) -> None:
 
 
 @pytest.mark.parametrize(
-    ("accept", "chosen"),
+    ("accept", "default", "chosen"),
     [
-        (None, "application/json"),
-        ("*/*", "application/json"),
-        ("text/csv", "application/json"),
-        ("application/jsonlines", "application/jsonlines"),
-        ("text/csv, application/jsonlines, application/json", "application/jsonlines"),
+        (None, "application/json", "application/json"),
+        (None, "application/jsonlines", "application/jsonlines"),
+        ("*/*", "application/jsonlines", "application/jsonlines"),
+        ("application/jsonlines", "application/json", "application/jsonlines"),
+        ("application/x-jsonlines", "application/json", "application/jsonlines"),
+        ("text/csv, application/jsonlines, application/json", "application/json",
+         "application/jsonlines"),
     ],
-)
-def test_accept_type(accept: str | None, chosen: str) -> None:
-    assert tfs.accept_type(accept) == chosen
+)  # fmt: skip
+def test_choose_accept(accept: str | None, default: str, chosen: str) -> None:
+    assert tfs.choose_accept(accept, default) == chosen
+
+
+def test_an_accept_tf_serving_cannot_write_is_406_naming_what_it_can() -> None:
+    with pytest.raises(ServeError, match="Accept one of application/json, application/jsonl"):
+        tfs.choose_accept("text/csv", "application/json")
+
+
+@pytest.mark.parametrize(
+    ("accept", "requested"),
+    [(None, "text/csv"), ("*/*", "text/csv"), (" application/*", "text/csv"),
+     ("image/png ", "image/png"), ("text/csv;q=1, */*", "text/csv;q=1, */*")],
+)  # fmt: skip
+def test_what_a_users_hook_sees_as_accept(accept: str | None, requested: str) -> None:
+    assert errors.requested_accept(accept, "text/csv") == requested
 
 
 # --- JSON -> tensors ---------------------------------------------------------------------------
@@ -574,6 +590,14 @@ CONFORMANCE = [
         JSON_CT,
         400,
         '{"error": "JSON Parse error: Expecting value at offset: 15"}',
+    ),
+    (
+        "accept csv: TF Serving writes JSON only",
+        "[1.0, 2.0, 5.0]",
+        {**JSON_CT, "accept": "text/csv"},
+        406,
+        '{"error": "cannot answer in \'text/csv\'; Accept one of application/json, '
+        'application/jsonlines"}',
     ),
     (
         "accept jsonlines",

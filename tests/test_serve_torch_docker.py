@@ -286,3 +286,47 @@ def test_a_model_that_cannot_load_stops_serve_in_one_line(
     assert [line.split(" ERROR ", 1)[1] for line in errors] == [
         f"serve: cannot serve: {message}"
     ], errors
+
+
+# AWS's PyTorch inference toolkit case: model_fn returns torch.compile(model); inductor builds
+# its CPU kernels with the image's C++ compiler at the first call.
+COMPILED_INFERENCE = r"""
+import torch
+
+
+def model_fn(model_dir):
+    model = torch.jit.load(f"{model_dir}/model.pt")
+    net = torch.nn.Sequential(torch.nn.Linear(4, 3))
+    net.load_state_dict({"0.weight": model.state_dict()["0.weight"],
+                         "0.bias": model.state_dict()["0.bias"]})
+    return torch.compile(net.eval())
+"""
+
+
+@pytest.mark.timeout(600)
+def test_a_model_compiled_with_torch_compile_serves(
+    models: tuple[Path, list], tmp_path: Path
+) -> None:
+    model_dir = tmp_path / "compiled"
+    shutil.copytree(models[0] / "good", model_dir)
+    (model_dir / "code").mkdir()
+    (model_dir / "code" / "inference.py").write_text(COMPILED_INFERENCE)
+    container = ServeContainer(
+        os.environ.get("DOCKER", "docker"),
+        torch_image_name(),
+        model_dir,
+        env={"SAGEMAKER_MODEL_SERVER_TIMEOUT": "500"},
+    )
+    container.start()
+    try:
+        container.wait_ready(timeout=300)
+        # The first call compiles (inductor: seconds to minutes on a loaded machine).
+        status, _, body = post(
+            container, json.dumps(ROWS).encode(), "application/json", timeout=500
+        )
+        assert status == 200, (body, container.logs()[-3000:])
+        np.testing.assert_allclose(json.loads(body), models[1], rtol=1e-5, atol=1e-5)
+        status, _, body = post(container, json.dumps(ROWS).encode(), "application/json")
+        assert status == 200 and np.allclose(json.loads(body), models[1], atol=1e-5)
+    finally:
+        container.remove()
