@@ -18,6 +18,8 @@
 # with a registry, BASE_IMAGE=debian:bookworm-slim (or an Ubuntu 22.04/24.04 image) works too.
 ARG BASE_IMAGE=sm-horovod-base:bookworm
 ARG FLAVOR=gpu
+# Stack dumps of the ranks (both images).
+ARG PY_SPY_VERSION=0.4.2
 
 ################################################################################################
 FROM ${BASE_IMAGE} AS os
@@ -183,6 +185,19 @@ RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
     rm /tmp/check-build.txt; \
     python -c 'import horovod.tensorflow.keras, mpi4py.MPI, sagemaker_training.environment'
 
+# py-spy reads every rank's stack from outside, a stopped rank's too (entrypoint/host/stacks.py,
+# a stall or a stop's grace running out). Where ptrace is refused, the ranks the entry point
+# starts (SM_HVD_STACKS_ON_SIGUSR2=1) write their own on SIGUSR2: a .pth line registers
+# faulthandler at start (Debian's own sitecustomize would shadow one of ours). A layer of their own.
+ARG PY_SPY_VERSION
+RUN --mount=type=cache,target=/root/.cache/pip \
+    --mount=type=secret,id=ca,target=/etc/ssl/certs/ca-certificates.crt \
+    set -eux; \
+    export PIP_CERT=/etc/ssl/certs/ca-certificates.crt; \
+    pip install --only-binary=:all: "py-spy==${PY_SPY_VERSION}"; \
+    py-spy --version
+COPY docker/sm_horovod_stacks.pth /opt/venv/lib/python3.11/site-packages/sm_horovod_stacks.pth
+
 COPY docker/docker-entrypoint.sh /usr/local/bin/docker-entrypoint.sh
 
 # This repository's code, last: a code-only change rebuilds only this layer.
@@ -199,13 +214,13 @@ RUN set -eux; \
     pip install --no-deps --no-build-isolation --no-cache-dir /opt/src; \
     rm -rf /opt/src; \
 # mpirun's rsh agent for the channel launch, one per worker on the master: a script run by
-# `python -IS` (entrypoint/mpi/rsh_agent.py says why); without arguments it exits 255 (usage).
-    install -m 0755 "$(python -c 'import entrypoint.mpi.rsh_agent as m; print(m.__file__)')" \
+# `python -IS` (entrypoint/launches/mpi/rsh_agent.py says why); without arguments it exits 255 (usage).
+    install -m 0755 "$(python -c 'import entrypoint.launches.mpi.rsh_agent as m; print(m.__file__)')" \
         /opt/venv/bin/sm-horovod-rsh-agent; \
     { sm-horovod-rsh-agent 2>/dev/null || [ $? -eq 255 ]; }; \
-# Every rank of mpirun and torchrun starts through it (entrypoint/rank_shim.py): it registers
+# Every rank of mpirun and torchrun starts through it (entrypoint/host/rank_shim.py): it registers
 # with its host's entry point, then execs the program; without arguments it exits 127 (usage).
-    install -m 0755 "$(python -c 'import entrypoint.rank_shim as m; print(m.__file__)')" \
+    install -m 0755 "$(python -c 'import entrypoint.host.rank_shim as m; print(m.__file__)')" \
         /opt/venv/bin/sm-horovod-rank; \
     { sm-horovod-rank 2>/dev/null || [ $? -eq 127 ]; }; \
     [ "$(sm-horovod-rank echo ok)" = ok ]; \
@@ -334,6 +349,19 @@ RUN set -eux; \
 # The check's compiled kernels (inductor's cache, ~120 MB) stay out of the layer.
     rm -rf /tmp/torchinductor_*
 
+# py-spy reads every rank's stack from outside, a stopped rank's too (entrypoint/host/stacks.py,
+# a stall or a stop's grace running out). Where ptrace is refused, the ranks the entry point
+# starts (SM_HVD_STACKS_ON_SIGUSR2=1) write their own on SIGUSR2: a .pth line registers
+# faulthandler at start (Debian's own sitecustomize would shadow one of ours). A layer of their own.
+ARG PY_SPY_VERSION
+RUN --mount=type=cache,target=/root/.cache/pip \
+    --mount=type=secret,id=ca,target=/etc/ssl/certs/ca-certificates.crt \
+    set -eux; \
+    export PIP_CERT=/etc/ssl/certs/ca-certificates.crt; \
+    pip install --only-binary=:all: "py-spy==${PY_SPY_VERSION}"; \
+    py-spy --version
+COPY docker/sm_horovod_stacks.pth /opt/venv/lib/python3.11/site-packages/sm_horovod_stacks.pth
+
 COPY docker/docker-entrypoint.sh /usr/local/bin/docker-entrypoint.sh
 
 # This repository's code, last: no TensorFlow code (the built-in model and tf_s3, whose program
@@ -349,13 +377,13 @@ RUN set -eux; \
     pip install --no-deps --no-build-isolation --no-cache-dir /opt/src; \
     rm -rf /opt/src; \
 # mpirun's rsh agent for the channel launch, one per worker on the master: a script run by
-# `python -IS` (entrypoint/mpi/rsh_agent.py says why); without arguments it exits 255 (usage).
-    install -m 0755 "$(python -c 'import entrypoint.mpi.rsh_agent as m; print(m.__file__)')" \
+# `python -IS` (entrypoint/launches/mpi/rsh_agent.py says why); without arguments it exits 255 (usage).
+    install -m 0755 "$(python -c 'import entrypoint.launches.mpi.rsh_agent as m; print(m.__file__)')" \
         /opt/venv/bin/sm-horovod-rsh-agent; \
     { sm-horovod-rsh-agent 2>/dev/null || [ $? -eq 255 ]; }; \
-# Every rank of mpirun and torchrun starts through it (entrypoint/rank_shim.py): it registers
+# Every rank of mpirun and torchrun starts through it (entrypoint/host/rank_shim.py): it registers
 # with its host's entry point, then execs the program; without arguments it exits 127 (usage).
-    install -m 0755 "$(python -c 'import entrypoint.rank_shim as m; print(m.__file__)')" \
+    install -m 0755 "$(python -c 'import entrypoint.host.rank_shim as m; print(m.__file__)')" \
         /opt/venv/bin/sm-horovod-rank; \
     { sm-horovod-rank 2>/dev/null || [ $? -eq 127 ]; }; \
     [ "$(sm-horovod-rank echo ok)" = ok ]; \

@@ -22,7 +22,7 @@ from pathlib import Path
 from bench.containers import docker_exec, poll
 from bench.workspace import CODE_MOUNT, STAND_IN_PATH, Workspace
 from entrypoint.contract import MPI_REMOTE_SHELL
-from entrypoint.mpi.plan import large_cluster_flags
+from entrypoint.launches.mpi.plan import large_cluster_flags
 from harness.cluster import Cluster
 
 # The rank program's timing files, per host (each host's /opt/ml/output).

@@ -45,9 +45,10 @@ from bench.summary import (
 )
 from bench.workspace import CODE_MOUNT, Workspace
 from entrypoint.contract import Backend
+from entrypoint.host.ranks import RANK_SHIM, RANK_SOCKET_ENV
 from entrypoint.job import JobShape
-from entrypoint.plan import rank_environment, torchrun_argv
-from entrypoint.ranks import RANK_SHIM, RANK_SOCKET_ENV
+from entrypoint.launches.torchrun import torchrun_argv
+from entrypoint.plan import rank_environment
 from harness.cluster import Cluster, docker_command
 
 log = logging.getLogger(__name__)

@@ -30,6 +30,9 @@ from smcommon import names
 RANKS_PER_HOST = "ranks_per_host"
 HOST_WAIT_TIMEOUT = "host_wait_timeout"
 SIGTERM_GRACE_SECONDS = "sigterm_grace_seconds"
+# Seconds without output from any rank, with some rank making no progress, after which the job
+# is ended as stalled (entrypoint/stall.py); 0 turns stall detection off.
+STALL_TIMEOUT_SECONDS = "stall_timeout_seconds"
 # How mpirun starts orted on the workers: "channel" (the default: our rsh agent over the
 # coordination channel, no sshd) or "ssh" (sshd on every host): plan.RemoteShell.
 MPI_REMOTE_SHELL = "mpi_remote_shell"
@@ -37,7 +40,7 @@ REMOTE_SHELLS = ("channel", "ssh")
 # Seconds the channel launch waits for every worker's orted to call back to mpirun (which has
 # no such deadline of its own); default 60 s + 1 s per host (plan.default_callback_timeout_s).
 ORTED_CALLBACK_TIMEOUT = "orted_callback_timeout"
-# Which processes run the user's script under parameter servers (plan.PsLayout): "toolkit" (the
+# Which processes run the user's script under parameter servers (layouts.PsLayout): "toolkit" (the
 # default: AWS's TensorFlow containers' layout, the script once per host as master or worker,
 # the entry point's own ps server on every host) or "strategy" (TF2 ParameterServerStrategy's:
 # the script as the chief and as every worker and ps task).
@@ -47,6 +50,7 @@ ENTRYPOINT_HYPERPARAMETERS = (
     RANKS_PER_HOST,
     HOST_WAIT_TIMEOUT,
     SIGTERM_GRACE_SECONDS,
+    STALL_TIMEOUT_SECONDS,
     MPI_REMOTE_SHELL,
     ORTED_CALLBACK_TIMEOUT,
     PS_LAYOUT,
@@ -113,6 +117,8 @@ IMAGE_FLAVOR_ENV = "SM_IMAGE_FLAVOR"
 DEFAULT_HOST_WAIT_TIMEOUT_S = 300.0
 # SageMaker sends SIGKILL 120 s after SIGTERM; leave room for mpirun and the workers to end.
 DEFAULT_SIGTERM_GRACE_S = 90.0
+# docs/design.md "Stalls": torch's 10 min collective timeout, which its users already accept.
+DEFAULT_STALL_TIMEOUT_S = 600.0
 
 # RFC 1123 labels: what Docker and SageMaker accept as host names.
 _HOST_NAME = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9.\-]{0,251}[A-Za-z0-9])?$")
@@ -220,6 +226,8 @@ class EntrypointSettings:
     ranks_per_host: int | None = None
     host_wait_timeout_s: float = DEFAULT_HOST_WAIT_TIMEOUT_S
     sigterm_grace_s: float = DEFAULT_SIGTERM_GRACE_S
+    # stall_timeout_seconds; 0: off.
+    stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S
     backend: Backend = Backend.MPI
     # sagemaker_mpi_custom_mpi_options, split as a shell would; appended to mpirun's options.
     custom_mpi_options: tuple[str, ...] = ()
@@ -377,6 +385,20 @@ def _positive_number(name: str, raw: Any, *, integer: bool) -> float:
     if not math.isfinite(number) or number <= 0:
         kind = "a positive integer" if integer else "a positive number of seconds"
         raise ContractError(f"hyperparameter {name}={text!r} is not {kind}")
+    return number
+
+
+def _seconds_or_off(name: str, raw: Any) -> float:
+    """A number of seconds, or 0 for off."""
+    text = hyperparameter_text(raw)
+    try:
+        number = float(text)
+    except ValueError:
+        number = math.nan
+    if not math.isfinite(number) or number < 0:
+        raise ContractError(
+            f"hyperparameter {name}={text!r} is not a number of seconds (0 turns it off)"
+        )
     return number
 
 
@@ -596,6 +618,11 @@ def parse_entrypoint_settings(hyperparameters: Mapping[str, Any]) -> EntrypointS
         ranks_per_host=ranks,
         host_wait_timeout_s=seconds(HOST_WAIT_TIMEOUT, DEFAULT_HOST_WAIT_TIMEOUT_S),
         sigterm_grace_s=seconds(SIGTERM_GRACE_SECONDS, DEFAULT_SIGTERM_GRACE_S),
+        stall_timeout_s=(
+            _seconds_or_off(STALL_TIMEOUT_SECONDS, hyperparameters[STALL_TIMEOUT_SECONDS])
+            if STALL_TIMEOUT_SECONDS in hyperparameters
+            else DEFAULT_STALL_TIMEOUT_S
+        ),
         backend=backend,
         custom_mpi_options=_custom_mpi_options(hyperparameters),
         log_level=(

@@ -14,8 +14,8 @@ import dataclasses
 import enum
 from collections.abc import Mapping, Sequence
 
+from entrypoint.channel.protocol import Exited, Verdict
 from entrypoint.contract import Backend, Contract
-from entrypoint.protocol import Exited, Verdict
 from smcommon.failure import STOPPED_EXIT_CODE, Failure, Reason
 
 # What a per-host program host is told about the distribution master: the name the PyTorch

@@ -1,8 +1,8 @@
 """The job's shape and the rules every launch shares: who is master, how many ranks, which
 program, who decides the outcome, which variables cross to other hosts.
 
-Pure, and imported by every launch's plan (plan.py, mpi/plan.py), so none of them imports
-another's.
+Pure, and imported by every launch's builder (launches/), so none of them imports another's;
+the value of the launches where every host runs its own processes (ProcessesLaunch) too.
 """
 
 from __future__ import annotations
@@ -11,7 +11,9 @@ import dataclasses
 import enum
 import re
 import shlex
+from collections.abc import Mapping
 from pathlib import Path
+from typing import ClassVar
 
 from entrypoint.contract import Backend
 
@@ -75,7 +77,7 @@ class JobShape:
     # heterogeneous cluster `hosts` are the distribution group's (the backend runs over them)
     # and the others are program hosts (the program once each: groups.py).
     job_hosts: tuple[str, ...] = ()
-    # Who runs the user's script under parameter servers (plan.PsLayout; Backend.PARAMETER_SERVER
+    # Who runs the user's script under parameter servers (layouts.PsLayout; Backend.PARAMETER_SERVER
     # only): "toolkit" or "strategy".
     ps_layout: str = "toolkit"
 
@@ -129,3 +131,49 @@ def is_exportable(name: str) -> bool:
 def format_command(argv: list[str]) -> str:
     """The command as a shell would read it, for the log (pip's format_command_args)."""
     return shlex.join(argv)
+
+
+# --------------------------------------------------------------------------------------------
+# Launches where every host runs its own processes, as data the supervising loops obey.
+
+
+@dataclasses.dataclass(frozen=True)
+class HostProcess:
+    """One process this host runs itself."""
+
+    argv: tuple[str, ...]
+    env: Mapping[str, str]
+    working_dir: Path | None
+    # tf.distribute's task name ("worker:1"); None for the host's program itself.
+    task: str | None = None
+    # Put before each of its output lines where several processes share this host's stdout.
+    prefix: str = ""
+    # The process starts ranks that register with this host's entry point (ranks.RANK_SHIM) and
+    # would end them on its own once one exits (torchrun: SIGTERM, then SIGKILL 30 s later). On
+    # a stop the ranks get SIGTERM and it is paused until they exited or the grace ran out.
+    supervises_ranks: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class ProcessesLaunch:
+    """Every host runs its own processes (the program per host, or tf.distribute's tasks): no
+    sshd, each host's part starts on the master's Start, every host reports how its part
+    ended, and `verdict` decides the job from those reports."""
+
+    processes: tuple[HostProcess, ...]
+    verdict: VerdictRule = VerdictRule.EVERY_HOST
+    # The task whose success ends this host's part (tf.distribute's chief task), if any.
+    chief_task: str | None = None
+
+    runs_sshd: ClassVar[bool] = False
+
+    def __post_init__(self) -> None:
+        if not self.processes:
+            raise ValueError("a ProcessesLaunch runs at least one process per host")
+        if self.verdict is VerdictRule.MASTER_PART:
+            raise ValueError("every host reports its exit here: the master's part cannot decide")
+
+    @property
+    def command(self) -> tuple[str, ...]:
+        """The command the log shows: the first process' (tf.distribute's tasks share one)."""
+        return self.processes[0].argv

@@ -18,7 +18,8 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from entrypoint import netif, protocol, sshkeys, supervise, usercode
+from entrypoint import supervise
+from entrypoint.channel import protocol
 from entrypoint.contract import (
     MPI_CUSTOM_OPTIONS_PARAM,
     BuiltinProgram,
@@ -29,6 +30,7 @@ from entrypoint.contract import (
     read_contract,
 )
 from entrypoint.groups import describe_roles
+from entrypoint.host import netif, probes, sshkeys, usercode
 from entrypoint.job import format_command
 from entrypoint.plan import JobPlan, launch_lines, make_plan, require_channel
 from smcommon.failure import STOPPED_EXIT_CODE, Failure, Reason, record_failure
@@ -173,7 +175,7 @@ def run(env: Mapping[str, str], paths: ContractPaths) -> int:
     _log_job(contract)
     plan = make_plan(
         contract,
-        gpu_count=supervise.detect_gpu_count(),
+        gpu_count=probes.detect_gpu_count(),
         cpu_count=os.cpu_count() or 1,
         env=env,
     )
@@ -191,6 +193,7 @@ def run(env: Mapping[str, str], paths: ContractPaths) -> int:
         output_dir=paths.output_dir,
         host_wait_timeout_s=contract.settings.host_wait_timeout_s,
         sigterm_grace_s=contract.settings.sigterm_grace_s,
+        stall_timeout_s=contract.settings.stall_timeout_s,
     )
     return supervise.run_host(plan, config, stop, job_key=job_key)
 

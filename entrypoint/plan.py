@@ -1,23 +1,21 @@
 """From a Contract to a plan: who is master, how many ranks, which environment, which Launch.
 
-Pure functions only (no I/O): `make_plan`, `rank_environment`, the launch builders. `make_plan`
-is the one place that turns the backend the user asked for into a `Launch`, a closed set of
-frozen values (one per way of launching), each turned into this host's part by
-parts.local_part (docs/backends.md). The MPI launch's plan is mpi/plan.py; the processes that
-every host runs itself (the program, torchrun, tf.distribute's tasks) are planned here.
+Pure functions only (no I/O): `make_plan`, `rank_environment`. `make_plan` is the one place
+that turns the backend the user asked for into a `Launch`, a closed set of frozen values (one
+per way of launching), each built by its launch's builder under launches/ and turned into this
+host's part by launches.local_part (docs/backends.md).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import enum
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import ClassVar, assert_never
+from typing import assert_never
 
 from sagemaker_training import mapping, params
 
-from entrypoint import groups, tf_config
+from entrypoint import groups
 from entrypoint.contract import (
     Backend,
     BuiltinProgram,
@@ -27,25 +25,22 @@ from entrypoint.contract import (
     UserScript,
     instance_group_environment,
 )
-from entrypoint.job import JobShape, VerdictRule, format_command
-from entrypoint.mpi.plan import MpiLaunch, RemoteShell, mpi_launch
-from entrypoint.ranks import RANK_SHIM, RANK_SOCKET_ENV, RANK_SOCKET_PATH
-from smcommon.names import BACKEND_ENV, JOB_SECRET_ENV, OLD_JOB_SECRET_ENV
-
-# TensorFlow's parameter-server guide: workers and ps fail an RPC at once when a peer is gone,
-# instead of retrying it forever.
-_PS_DEFAULTS = {"GRPC_FAIL_FAST": "use_caller"}
-
-# The entry point's parameter server (ps_server.py), run as a module: the entry point's own
-# process never imports TensorFlow.
-PS_SERVER_MODULE = "entrypoint.ps_server"
-
-# torchrun's static rendezvous: the master host's torchrun serves its TCPStore on this port.
-# torchrun's own default, and clear of every other port the entry point uses: 22 (sshd),
-# coordination.CHANNEL_PORT (22000) and tf_config.DEFAULT_PORTS (2222-2224).
-TORCHRUN_MASTER_PORT = 29500
-# How often torchrun looks at its ranks: a rank's exit ends torchrun's part within this.
-_TORCHRUN_MONITOR_INTERVAL_S = "0.5"
+from entrypoint.host.ranks import RANK_SOCKET_ENV, RANK_SOCKET_PATH
+from entrypoint.job import JobShape, format_command
+from entrypoint.launches import Launch
+from entrypoint.launches.mpi.plan import RemoteShell, mpi_launch
+from entrypoint.launches.program import program_launch
+from entrypoint.launches.tf_distribute.layouts import (
+    PsLayout,
+    host_tasks,
+    job_task_count,
+    tf_config,
+    tf_config_launch,
+    tf_config_line,
+    tf_layout,
+)
+from entrypoint.launches.torchrun import torchrun_launch
+from smcommon.names import JOB_SECRET_ENV, OLD_JOB_SECRET_ENV
 
 # Horovod defaults that make a hang fail loudly: warn after 60 s, shut down after 5 min.
 _HOROVOD_DEFAULTS = {
@@ -54,65 +49,8 @@ _HOROVOD_DEFAULTS = {
 }
 
 
-class PsLayout(enum.Enum):
-    """Which processes run the user's script under parameter servers (the
-    `parameter_server_layout` hyperparameter; tf_config.py has both layouts)."""
-
-    # AWS's TensorFlow containers: the script once per host (master, workers), and on every host
-    # a ps server the entry point starts itself (ps_server.py). TF1 Estimators and custom loops.
-    TOOLKIT = "toolkit"
-    # TF2 ParameterServerStrategy: the script as the chief and as every worker and ps task.
-    STRATEGY = "strategy"
-
-
 # --------------------------------------------------------------------------------------------
 # Launches: how this job's processes start and end, as data the supervising loops obey.
-
-
-@dataclasses.dataclass(frozen=True)
-class HostProcess:
-    """One process this host runs itself."""
-
-    argv: tuple[str, ...]
-    env: Mapping[str, str]
-    working_dir: Path | None
-    # tf.distribute's task name ("worker:1"); None for the host's program itself.
-    task: str | None = None
-    # Put before each of its output lines where several processes share this host's stdout.
-    prefix: str = ""
-    # The process starts ranks that register with this host's entry point (ranks.RANK_SHIM) and
-    # would end them on its own once one exits (torchrun: SIGTERM, then SIGKILL 30 s later). On
-    # a stop the ranks get SIGTERM and it is paused until they exited or the grace ran out.
-    supervises_ranks: bool = False
-
-
-@dataclasses.dataclass(frozen=True)
-class ProcessesLaunch:
-    """Every host runs its own processes (the program per host, or tf.distribute's tasks): no
-    sshd, each host's part starts on the master's Start, every host reports how its part
-    ended, and `verdict` decides the job from those reports."""
-
-    processes: tuple[HostProcess, ...]
-    verdict: VerdictRule = VerdictRule.EVERY_HOST
-    # The task whose success ends this host's part (tf.distribute's chief task), if any.
-    chief_task: str | None = None
-
-    runs_sshd: ClassVar[bool] = False
-
-    def __post_init__(self) -> None:
-        if not self.processes:
-            raise ValueError("a ProcessesLaunch runs at least one process per host")
-        if self.verdict is VerdictRule.MASTER_PART:
-            raise ValueError("every host reports its exit here: the master's part cannot decide")
-
-    @property
-    def command(self) -> tuple[str, ...]:
-        """The command the log shows: the first process' (tf.distribute's tasks share one)."""
-        return self.processes[0].argv
-
-
-# One value per way of launching; launchers.local_part turns it into this host's LocalPart.
-Launch = MpiLaunch | ProcessesLaunch
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -161,69 +99,6 @@ def program_argv(
 
 # A launch builder: the job's shape and the program's environment in, the Launch out.
 LaunchBuilder = Callable[[JobShape, Mapping[str, str]], Launch]
-
-
-def program_launch(shape: JobShape, env: Mapping[str, str]) -> ProcessesLaunch:
-    """Backend.PER_HOST: the program once per host; any host failing fails the job."""
-    program = HostProcess(shape.program_argv, env, shape.working_dir)
-    return ProcessesLaunch((program,), VerdictRule.EVERY_HOST)
-
-
-def torchrun_argv(shape: JobShape) -> list[str]:
-    """This host's torchrun: a static rendezvous at the master (node rank = the host's place in
-    the sorted host list, as SM_HOSTS orders it), no restarts (a failure is the job's, decided
-    over the channel), and the program's whole command line (`--no-python`), so a .py, a .sh
-    and an executable run alike."""
-    return [
-        "torchrun",
-        "--nnodes", str(len(shape.hosts)),
-        "--nproc-per-node", str(shape.ranks_per_host),
-        "--node-rank", str(shape.hosts.index(shape.current_host)),
-        "--rdzv-backend", "static",
-        "--master-addr", shape.master_host,
-        "--master-port", str(TORCHRUN_MASTER_PORT),
-        "--max-restarts", "0",
-        "--monitor-interval", _TORCHRUN_MONITOR_INTERVAL_S,
-        "--no-python",
-        # Each rank registers with this host's entry point, which owns it (ranks.py).
-        RANK_SHIM,
-        *shape.program_argv,
-    ]  # fmt: skip
-
-
-def torchrun_launch(shape: JobShape, env: Mapping[str, str]) -> ProcessesLaunch:
-    """Backend.TORCH_DISTRIBUTED: torchrun on every host starts and watches this host's ranks;
-    every host reports torchrun's exit and any failure fails the job."""
-    process = HostProcess(
-        tuple(torchrun_argv(shape)), env, shape.working_dir, supervises_ranks=True
-    )
-    return ProcessesLaunch((process,), VerdictRule.EVERY_HOST)
-
-
-def tf_config_launch(shape: JobShape, env: Mapping[str, str]) -> ProcessesLaunch:
-    """tf.distribute's strategies: this host's tasks, each with its own TF_CONFIG; the user's
-    script, or for the tasks the layout serves itself, the entry point's ps server."""
-    layout = tf_layout(shape)
-    tasks = host_tasks(shape)
-    # One task per host (MWMS) needs no prefix: its lines are the host's.
-    prefixed = len(tasks) > 1
-    processes = tuple(
-        HostProcess(
-            ps_server_argv(shape) if task.type in layout.served else shape.program_argv,
-            task_environment(env, shape, task),
-            None if task.type in layout.served else shape.working_dir,
-            task=task.name,
-            prefix=f"[{task.name}] " if prefixed else "",
-        )
-        for task in tasks
-    )
-    chief = next((task.name for task in tasks if task.type is layout.chief), None)
-    return ProcessesLaunch(processes, layout.verdict, chief)
-
-
-def ps_server_argv(shape: JobShape) -> tuple[str, ...]:
-    """The entry point's parameter server (ps_server.py), under the program's interpreter."""
-    return (shape.python, "-m", PS_SERVER_MODULE)
 
 
 def make_plan(
@@ -429,88 +304,6 @@ def rank_environment(
     return env
 
 
-@dataclasses.dataclass(frozen=True)
-class _TfLayout:
-    """What tells tf.distribute's layouts apart here (tf_config.py has the layouts)."""
-
-    tasks: Callable[[tuple[str, ...], str], tuple[tf_config.Task, ...]]
-    cluster: Callable[[tuple[str, ...]], dict[str, list[str]]]
-    verdict: VerdictRule
-    # Environment defaults for every task (the user's own values win).
-    defaults: Mapping[str, str]
-    # The toolkit's line that says which setup the job runs.
-    setup_line: str
-    # The task type whose success ends the job (VerdictRule.CHIEF), if any.
-    chief: tf_config.TaskType | None = None
-    # Task types the entry point serves itself (ps_server.py) instead of the user's script.
-    served: frozenset[tf_config.TaskType] = frozenset()
-    # What the log says about who runs the script, where that is not obvious.
-    note: str = ""
-
-
-_MWMS_LAYOUT = _TfLayout(
-    tf_config.mwms_tasks,
-    tf_config.mwms_cluster,
-    VerdictRule.EVERY_HOST,
-    {},
-    tf_config.MWMS_SETUP_LINE,
-)
-# The master's script ends the job: the ps servers block in server.join() forever, and the
-# toolkit's workers wait for the master to go down (_wait_until_master_is_down).
-_TOOLKIT_PS_LAYOUT = _TfLayout(
-    tf_config.toolkit_ps_tasks,
-    tf_config.toolkit_ps_cluster,
-    VerdictRule.CHIEF,
-    _PS_DEFAULTS,
-    tf_config.PS_SETUP_LINE,
-    chief=tf_config.TaskType.MASTER,
-    served=frozenset({tf_config.TaskType.PS}),
-    note=(
-        "parameter_server_layout=toolkit: your script runs once per host (master on the first, "
-        "worker on the others) and the entry point runs every host's ps server, as AWS's "
-        "TensorFlow containers do; TF2 ParameterServerStrategy scripts need "
-        "parameter_server_layout=strategy"
-    ),
-)
-# The chief's program ends the job: the worker and ps servers block in server.join()
-# forever (tensorflow#25858).
-_STRATEGY_PS_LAYOUT = _TfLayout(
-    tf_config.ps_tasks,
-    tf_config.ps_cluster,
-    VerdictRule.CHIEF,
-    _PS_DEFAULTS,
-    tf_config.PS_SETUP_LINE,
-    chief=tf_config.TaskType.CHIEF,
-    note=(
-        "parameter_server_layout=strategy: your script runs as the chief and as every worker "
-        "and ps task (TF2 ParameterServerStrategy)"
-    ),
-)
-
-
-def tf_layout(plan: JobShape) -> _TfLayout:
-    """The tf.distribute layout of this job's backend (and parameter_server_layout)."""
-    match plan.backend:
-        case Backend.MULTI_WORKER_MIRRORED:
-            return _MWMS_LAYOUT
-        case Backend.PARAMETER_SERVER if PsLayout(plan.ps_layout) is PsLayout.STRATEGY:
-            return _STRATEGY_PS_LAYOUT
-        case Backend.PARAMETER_SERVER:
-            return _TOOLKIT_PS_LAYOUT
-    raise ValueError(f"backend {plan.backend.value} has no TF_CONFIG tasks")
-
-
-def host_tasks(plan: JobShape) -> tuple[tf_config.Task, ...]:
-    """This host's tf.distribute tasks (tf_config.py has the layouts)."""
-    return tf_layout(plan).tasks(plan.hosts, plan.current_host)
-
-
-def job_task_count(plan: JobShape) -> int:
-    """Every host's tf.distribute tasks together."""
-    tasks = tf_layout(plan).tasks
-    return sum(len(tasks(plan.hosts, host)) for host in plan.hosts)
-
-
 def summary_line(plan: JobPlan) -> str:
     """The master's line before the job starts: what runs where, and the command. MPI counts
     ranks; tf.distribute counts tasks (a ps job runs more processes than hosts)."""
@@ -530,20 +323,6 @@ def launch_lines(plan: JobPlan) -> tuple[str, ...]:
     if layout.note:
         lines.append(layout.note)
     for task in host_tasks(plan):
-        value = tf_config.tf_config(layout.cluster(plan.hosts), task)
-        lines.append(tf_config.tf_config_line(task, value))
+        value = tf_config(layout.cluster(plan.hosts), task)
+        lines.append(tf_config_line(task, value))
     return tuple(lines)
-
-
-def task_environment(
-    program_env: Mapping[str, str], plan: JobShape, task: tf_config.Task
-) -> dict[str, str]:
-    """One task's environment: the program's (rank_environment), its TF_CONFIG (ours wins over
-    one the user set: it describes this job's cluster), and the backend for the built-in model."""
-    layout = tf_layout(plan)
-    env = dict(program_env)
-    for name, value in layout.defaults.items():
-        env.setdefault(name, value)
-    env[tf_config.TF_CONFIG_ENV] = tf_config.tf_config(layout.cluster(plan.hosts), task)
-    env[BACKEND_ENV] = plan.backend.value
-    return env

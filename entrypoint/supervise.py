@@ -1,6 +1,6 @@
 """The imperative shell: the supervising loops of the master and the workers.
 
-The loops see only this host's part (localpart.py), never the launch or the backend the user
+The loops see only this host's part (part.py), never the launch or the backend the user
 asked for. Master (first host): waits until every worker is connected to the coordination
 channel and ready for the part (the ssh launch ssh-checks it), starts its local part (mpirun, or
 its own processes),
@@ -22,9 +22,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import shutil
 import signal
-import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -32,13 +30,15 @@ from pathlib import Path
 from typing import Protocol
 
 from entrypoint import groups
-from entrypoint.coordination import MasterChannel, WorkerChannel
+from entrypoint.channel.coordination import MasterChannel, WorkerChannel
+from entrypoint.channel.protocol import Exited, Verdict, host_verdict, suspect_peers, with_fault
+from entrypoint.host.children import KILL_WAIT_S
 from entrypoint.host.oom import MemoryCounters, OomWatch, oom_failure, read_counters
 from entrypoint.job import VerdictRule, format_command
-from entrypoint.localpart import KILL_WAIT_S, Supervised
-from entrypoint.parts import local_part
+from entrypoint.launches import local_part
+from entrypoint.part import Supervised
 from entrypoint.plan import JobPlan, summary_line
-from entrypoint.protocol import Exited, Verdict, host_verdict, suspect_peers, with_fault
+from entrypoint.stall_monitor import MasterStalls, WorkerStalls
 from smcommon.failure import STOPPED_EXIT_CODE, Failure, Reason, record_failure
 from smcommon.names import MASTER_SILENCE_LINE, WORKER_SILENCE_LINE
 
@@ -139,33 +139,11 @@ class ShellConfig:
     output_dir: Path
     host_wait_timeout_s: float
     sigterm_grace_s: float
+    # stall_timeout_seconds (stall.py); 0: no stall detection.
+    stall_timeout_s: float = 0.0
     clock: Clock = dataclasses.field(default_factory=Clock)
     # The container's memory cgroup (its OOM kills), read on every loop turn.
     read_memory: Callable[[], MemoryCounters] = read_counters
-
-
-# --------------------------------------------------------------------------------------------
-# Probes
-
-NVIDIA_GPUS_DIR = Path("/proc/driver/nvidia/gpus")
-
-
-def detect_gpu_count() -> int:
-    """GPUs the NVIDIA driver exposes to this container; the instance type may be `local`, so
-    ask the driver (its /proc entries, else nvidia-smi as the toolkit does), not a table."""
-    try:
-        return sum(1 for _ in NVIDIA_GPUS_DIR.iterdir())
-    except OSError:
-        pass
-    if shutil.which("nvidia-smi") is None:
-        return 0
-    try:
-        listing = subprocess.run(
-            ["nvidia-smi", "--list-gpus"], capture_output=True, text=True, timeout=30, check=True
-        ).stdout
-    except (OSError, subprocess.SubprocessError):
-        return 0
-    return sum(1 for line in listing.splitlines() if line.startswith("GPU "))
 
 
 # --------------------------------------------------------------------------------------------
@@ -368,6 +346,7 @@ def _supervise_master(
     stop: threading.Event,
     *,
     faults: _FaultWatch,
+    stalls: MasterStalls | None = None,
 ) -> Verdict:
     """Until the job's outcome is known: the verdict of the launch's rule, or a JobError for
     what failed here (a lost host, mpirun's failure, a stop past its grace period)."""
@@ -421,7 +400,13 @@ def _supervise_master(
             return verdict
         if expired:
             log.warning("still running after the grace period: ending the job")
+            if stalls is not None:
+                stalls.grace_expired()
             raise _stopped()
+        if stalls is not None and not stop.is_set():
+            stalled = stalls.check(clock.now())
+            if stalled is not None:
+                raise JobError(stalled)
         clock.wait(stop, POLL_INTERVAL_S)
 
 
@@ -431,6 +416,8 @@ def run_master(
     channel: MasterEnd | None,
     config: ShellConfig,
     stop: threading.Event,
+    *,
+    stalls: MasterStalls | None = None,
 ) -> int:
     """The master's whole life after the contract was read: returns the job's exit code.
 
@@ -452,7 +439,9 @@ def run_master(
                 channel.start_workers()
             log.info("%s", summary_line(plan))
             part.start()
-            verdict = _supervise_master(plan, part, channel, config, stop, faults=faults)
+            verdict = _supervise_master(
+                plan, part, channel, config, stop, faults=faults, stalls=stalls
+            )
         except JobError as error:
             verdict = Verdict(error.exit_code, error.failure_on(plan.current_host))
         if verdict.failure is not None and verdict.exit_code != 0:
@@ -483,6 +472,7 @@ def _supervise_worker(
     stop: threading.Event,
     *,
     faults: _FaultWatch,
+    stalls: WorkerStalls | None = None,
 ) -> int:
     clock = config.clock
     grace = _Grace(
@@ -525,7 +515,11 @@ def _supervise_worker(
             log.info("local part ended with code %d; waiting for the master's verdict", code)
             channel.send_exited(code, faults.explain(part.failure(code)))
             reported = True
+        if stalls is not None:
+            stalls.tick(clock.now())
         if expired:
+            if stalls is not None:
+                stalls.grace_expired()
             part.end()
             raise _stopped()
         clock.wait(stop, POLL_INTERVAL_S)
@@ -557,11 +551,13 @@ def run_worker(
     channel: WorkerEnd,
     config: ShellConfig,
     stop: threading.Event,
+    *,
+    stalls: WorkerStalls | None = None,
 ) -> int:
     """A worker's whole life after the contract was read: returns the master's verdict."""
     faults = _FaultWatch(plan.current_host, config.read_memory)
     try:
-        return _supervise_worker(plan, part, channel, config, stop, faults=faults)
+        return _supervise_worker(plan, part, channel, config, stop, faults=faults, stalls=stalls)
     except JobError as error:
         failure = error.failure_on(plan.current_host)
         log.error("%s", failure.line)
@@ -587,15 +583,19 @@ def run_host(
     coordination channel opens (multi-host jobs) with the part's messages and handlers, and the
     master's or the worker's loop runs over the part."""
     part = local_part(plan.launch, is_master=plan.is_master, host=plan.current_host)
+    watch = part.watch
+    if config.stall_timeout_s > 0:
+        watch.start()
     part.prepare()
     try:
         if plan.is_master:
+            stalls = MasterStalls(watch, config.stall_timeout_s, workers=plan.channel_workers)
             channel = (
                 MasterChannel(
                     job_key=job_key,
                     workers=plan.channel_workers,
                     catalog=part.catalog,
-                    handlers=part.handlers(),
+                    handlers={**part.handlers(), **stalls.handlers()},
                 )
                 if job_key
                 else None
@@ -603,25 +603,29 @@ def run_host(
             try:
                 if channel is not None:
                     part.attach(channel.request)
-                return run_master(plan, part, channel, config, stop)
+                    stalls.attach(channel.request)
+                return run_master(plan, part, channel, config, stop, stalls=stalls)
             finally:
                 if channel is not None:
                     channel.close()
         if job_key is None:
             raise AssertionError("a worker always has a job key")
+        worker_stalls = WorkerStalls(watch)
         worker_channel = WorkerChannel(
             job_key=job_key,
             host=plan.current_host,
             master=plan.master_host,
             deadline=master_arrival_deadline(config),
-            handlers=part.handlers(),
+            handlers={**part.handlers(), **worker_stalls.handlers()},
             catalog=part.catalog,
         )
+        worker_stalls.attach(worker_channel.send)
         try:
-            return run_worker(plan, part, worker_channel, config, stop)
+            return run_worker(plan, part, worker_channel, config, stop, stalls=worker_stalls)
         finally:
             worker_channel.close()
     finally:
+        watch.close()
         part.close()
 
 

@@ -2,7 +2,8 @@
 
 One place defines both, so the launcher's regexes and the model's log line cannot drift.
 The line is `epoch=3 loss=0.1234 accuracy=0.9812 val_loss=... val_accuracy=... images_per_sec=...`;
-mpirun's --tag-output may prefix it (`[1,0]<stdout>:`), so the regexes do not anchor at `^`.
+the entry point tags every rank's line with its host and rank (`[algo-1 rank 0] `), and the
+logging format adds its own head, so the regexes do not anchor at `^`.
 """
 
 from __future__ import annotations

@@ -66,6 +66,7 @@ from model.sources import (
     share_group,
 )
 from model.stopping import STOPPED_EXIT_CODE, StopRequest
+from smcommon import heartbeat
 
 log = logging.getLogger(__name__)
 
@@ -337,6 +338,15 @@ class _LearningRateCallback(tf.keras.callbacks.Callback):
     def on_train_batch_begin(self, batch: int, logs: Mapping[str, Any] | None = None) -> None:
         rate = self._schedule.rate_at(self._epoch + batch / self._steps)
         self._optimizer.learning_rate.assign(rate)
+
+
+class _HeartbeatCallback(tf.keras.callbacks.Callback):
+    """A heartbeat per batch (smcommon/heartbeat.py): the entry point's stall rule then counts a
+    rank in a long silent epoch as progressing even while its main thread waits on TensorFlow's
+    threads."""
+
+    def on_train_batch_end(self, batch: int, logs: Mapping[str, Any] | None = None) -> None:
+        heartbeat.beat()
 
 
 class _AgreedStopCallback(tf.keras.callbacks.Callback):
@@ -614,6 +624,7 @@ class _Run:
             *collective.training_callbacks(),
             _LearningRateCallback(self.schedule, self.steps, self.optimizer),
             agreed_stop,
+            _HeartbeatCallback(),
         ]
         for epoch in range(completed, params.epochs):
             started = time.monotonic()

@@ -54,6 +54,9 @@ class Reason(enum.Enum):
     OUT_OF_MEMORY = "OutOfMemory"
     # A write failed for want of space (ENOSPC): the built-in model's checkpoint.
     DISK_FULL = "DiskFull"
+    # No rank wrote output for stall_timeout_seconds and some rank stopped progressing
+    # (entrypoint/stall.py): the job was ended instead of hanging until MaxRuntimeInSeconds.
+    STALLED = "Stalled"
     # The job was asked to stop (SIGTERM: StopTrainingJob, spot interruption).
     STOPPED = "Stopped"
     # A bug or environment problem in the entry point itself.

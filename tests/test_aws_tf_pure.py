@@ -12,7 +12,7 @@ import pytest
 
 import smdistributed
 from entrypoint.contract import Backend, ContractError, parse_contract
-from entrypoint.mpi.plan import build_mpirun_argv
+from entrypoint.launches.mpi.plan import build_mpirun_argv
 from entrypoint.plan import make_plan
 from smdistributed.dataparallel import mapping
 from smdistributed.dataparallel.mapping import ReduceOp

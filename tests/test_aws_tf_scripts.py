@@ -84,9 +84,11 @@ def test_data_parallel_tutorial_script_on_two_hosts(make_cluster, digits28):
             f"SMDDP rank={rank} size=4 local_rank={rank % 2} local_size=2 host={host} "
             f"hostname={host} model_dir=/opt/ml/shared/model"
         )
-        assert line in master, master[-4000:]
-        done = re.search(rf"SMDDP_DONE rank={rank} first=([\d.]+) last=([\d.]+)", master)
-        assert done, master[-4000:]
+        # Each rank logs on its own host's stream.
+        own = cluster.logs(host)
+        assert line in own, own[-4000:]
+        done = re.search(rf"SMDDP_DONE rank={rank} first=([\d.]+) last=([\d.]+)", own)
+        assert done, own[-4000:]
     assert done  # the last rank's
     first, last = map(float, done.groups())
     assert last < first, master[-4000:]
@@ -126,7 +128,8 @@ def test_a_rank_that_raises_fails_every_host(make_cluster, digits28):
     cluster.start()
     codes = cluster.wait(timeout=240)
     assert codes["algo-1"] != 0 and codes["algo-2"] != 0, cluster.describe()
-    failing = re.search(r"SMDDP_FAILING rank=1 at=([\d.]+)", cluster.logs("algo-1"))
+    every_log = "".join(cluster.logs(host) for host in cluster.hosts)
+    failing = re.search(r"SMDDP_FAILING rank=1 at=([\d.]+)", every_log)
     assert failing, cluster.describe()
     failed_at = float(failing[1])
     delays = {host: cluster.exit_time(host) - failed_at for host in cluster.hosts}

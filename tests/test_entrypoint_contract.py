@@ -70,6 +70,7 @@ def test_hyperparameters_are_decoded_and_split():
             "ranks_per_host": "2",
             "host_wait_timeout": "30",
             "sigterm_grace_seconds": "15.5",
+            "stall_timeout_seconds": "0",
             "sagemaker_region": '"us-east-1"',
             "flag": "true",
             "raw": "not json",
@@ -84,6 +85,7 @@ def test_hyperparameters_are_decoded_and_split():
     assert contract.settings.ranks_per_host == 2
     assert contract.settings.host_wait_timeout_s == 30.0
     assert contract.settings.sigterm_grace_s == 15.5
+    assert contract.settings.stall_timeout_s == 0.0
     assert contract.all_hyperparameters["epochs"] == 3
     assert isinstance(contract.program, BuiltinProgram)
 
@@ -93,6 +95,7 @@ def test_defaults_without_optional_files():
     assert contract.network_interface_name == "eth0"
     assert contract.settings.ranks_per_host is None
     assert contract.settings.host_wait_timeout_s == 300.0
+    assert contract.settings.stall_timeout_s == 600.0
     assert contract.channels == ()
     assert contract.current_instance_type == "local"
 
@@ -136,6 +139,10 @@ def test_channels():
          "hyperparameter host_wait_timeout='-1' is not a positive number of seconds"),
         ({"hyperparameters": {"sigterm_grace_seconds": "nan"}},
          "sigterm_grace_seconds='nan' is not a positive number of seconds"),
+        ({"hyperparameters": {"stall_timeout_seconds": "-5"}},
+         "stall_timeout_seconds='-5' is not a number of seconds (0 turns it off)"),
+        ({"hyperparameters": {"stall_timeout_seconds": "ten"}},
+         "stall_timeout_seconds='ten' is not a number of seconds"),
         ({"hyperparameters": {"bad name": "1"}}, "'bad name' is not a valid name"),
         ({"hyperparameters": {"sagemaker_program": '"/abs/train.py"'}},
          "must be relative to the submit directory"),

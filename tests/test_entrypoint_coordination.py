@@ -17,9 +17,9 @@ from typing import Self
 
 import pytest
 
-from entrypoint import session as session_module
-from entrypoint.coordination import MasterChannel, WorkerChannel
-from entrypoint.protocol import (
+from entrypoint.channel import session as session_module
+from entrypoint.channel.coordination import MasterChannel, WorkerChannel
+from entrypoint.channel.protocol import (
     BOTH_WAYS,
     MESSAGES,
     NONCE_BYTES,
@@ -38,7 +38,7 @@ from entrypoint.protocol import (
     hello_frame,
     session_key,
 )
-from entrypoint.session import ChannelTiming, RequestFailedError, Session, SessionLostError
+from entrypoint.channel.session import ChannelTiming, RequestFailedError, Session, SessionLostError
 from smcommon.failure import Failure, Reason
 
 pytestmark = pytest.mark.timeout(60)
@@ -427,18 +427,18 @@ def test_a_worker_of_another_version_is_refused_by_name(master):
     with sock:
         frames = FrameReader(key, Direction.TO_WORKER)
         assert frames.decode(read_body(sock)) == Refused(
-            "protocol version 1 on algo-2, 4 on the master"
+            "protocol version 1 on algo-2, 5 on the master"
         )
         assert sock.recv(1 << 16) == b""  # and hung up on
-    assert master.lost() == {"algo-2": "protocol version 1 on algo-2, 4 on the master"}
+    assert master.lost() == {"algo-2": "protocol version 1 on algo-2, 5 on the master"}
     assert master.connected() == frozenset()
 
 
 def test_both_ends_name_both_versions(master, connect, monkeypatch):
-    monkeypatch.setattr(session_module, "PROTOCOL_VERSION", 5)  # this worker speaks 5
+    monkeypatch.setattr(session_module, "PROTOCOL_VERSION", 6)  # this worker speaks 6
     worker = connect("algo-2")
     until(lambda: worker.lost)
-    why = "protocol version 5 on algo-2, 4 on the master"
+    why = "protocol version 6 on algo-2, 5 on the master"
     assert worker.lost == f"master localhost refused this host: {why}"
     assert master.lost() == {"algo-2": why}
 

@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from entrypoint.channel.protocol import Exited, Verdict
 from entrypoint.contract import (
     Backend,
     ContractError,
@@ -27,7 +28,6 @@ from entrypoint.groups import (
 )
 from entrypoint.job import VerdictRule
 from entrypoint.plan import make_plan, sagemaker_environment
-from entrypoint.protocol import Exited, Verdict
 from smcommon.failure import Failure, Reason
 
 # As SageMaker writes it for two groups: group hosts neither sorted nor contiguous, and the

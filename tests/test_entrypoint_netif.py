@@ -1,4 +1,4 @@
-"""The interface choice (entrypoint/netif.py): the contract's interface where it exists, else
+"""The interface choice (entrypoint/host/netif.py): the contract's interface where it exists, else
 the one routing to the master, else the only one besides loopback; and a 2-host cluster whose
 resourceconfig.json names `ethwe`, as SDK v3's local mode writes it."""
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from entrypoint.contract import ContractError
-from entrypoint.netif import (
+from entrypoint.host.netif import (
     InterfaceChoice,
     Route,
     choose_interface,

@@ -9,10 +9,12 @@ from typing import Any
 import pytest
 
 from entrypoint.contract import ContractError, parse_contract
-from entrypoint.job import VerdictRule, format_command, is_exportable
-from entrypoint.localpart import OutputTail, torchrun_root_cause
-from entrypoint.mpi.parts import MpirunPart, OrtedPart, mpi_rank_error
-from entrypoint.mpi.plan import (
+from entrypoint.host.children import torchrun_root_cause
+from entrypoint.host.rank_output import ERROR_MARKERS
+from entrypoint.job import HostProcess, ProcessesLaunch, VerdictRule, format_command, is_exportable
+from entrypoint.launches import local_part
+from entrypoint.launches.mpi.parts import MpirunPart, OrtedPart, first_failed_rank
+from entrypoint.launches.mpi.plan import (
     CallbackDeadline,
     MpiLaunch,
     RemoteShell,
@@ -20,15 +22,14 @@ from entrypoint.mpi.plan import (
     default_callback_timeout_s,
     mpi_rank_hosts,
 )
-from entrypoint.parts import ProgramPart, TaskGroupPart, local_part
+from entrypoint.launches.program import ProgramPart
+from entrypoint.launches.tf_distribute.part import TaskGroupPart
+from entrypoint.launches.torchrun import torchrun_argv
 from entrypoint.plan import (
-    HostProcess,
-    ProcessesLaunch,
     make_plan,
     rank_environment,
     ranks_per_host,
     sagemaker_environment,
-    torchrun_argv,
 )
 
 
@@ -58,7 +59,7 @@ def test_mpirun_argv_over_ssh_is_exact():
     env = {"PATH": "/opt/venv/bin:/usr/bin", "SM_MODEL_DIR": "/opt/ml/model", "HOME": "/root",
            "SM_CURRENT_HOST": "algo-1", "HOROVOD_FUSION_THRESHOLD": "1"}  # fmt: skip
     assert build_mpirun_argv(plan, env) == [
-        "mpirun", "--allow-run-as-root", "--tag-output",
+        "mpirun", "--allow-run-as-root",
         "-bind-to", "none", "-map-by", "slot",
         "-mca", "pml", "ob1", "-mca", "btl", "^openib",
         "-mca", "orte_abort_on_non_zero_status", "1",
@@ -332,7 +333,7 @@ def test_make_plan_chooses_one_launch_per_backend(hyperparameters, current, expe
         toolkit_ps = PS in hyperparameters and PS_LAYOUT not in hyperparameters
         if toolkit_ps and str(process.task).startswith("ps:"):
             # The toolkit's layout: the entry point's own ps server, never the user's code.
-            assert process.argv == ("python", "-m", "entrypoint.ps_server")
+            assert process.argv == ("python", "-m", "entrypoint.launches.tf_distribute.ps_server")
             assert process.working_dir is None
         else:
             assert process.argv == program
@@ -448,16 +449,16 @@ Root Cause (first observed failure):
 
 def test_a_torchrun_failure_names_the_root_cause_rank_and_its_error():
     lines = tuple(TORCHRUN_FAILURE.splitlines())
-    assert torchrun_root_cause(lines, OutputTail._MARKERS) == (
+    assert torchrun_root_cause(lines, ERROR_MARKERS) == (
         "rank 1 (local_rank: 1) exited with code 1: RuntimeError: failing on purpose on rank 1"
     )
     # Without torch's [rank<R>]: prefix: the last error line before torchrun's traceback.
     unprefixed = tuple(line.removeprefix("[rank1]: ") for line in lines if "[rank0]" not in line)
-    assert torchrun_root_cause(unprefixed, OutputTail._MARKERS) == (
+    assert torchrun_root_cause(unprefixed, ERROR_MARKERS) == (
         "rank 1 (local_rank: 1) exited with code 1: RuntimeError: failing on purpose on rank 1"
     )
     # Output without torchrun's summary: not torchrun's failure.
-    assert torchrun_root_cause(lines[:5], OutputTail._MARKERS) is None
+    assert torchrun_root_cause(lines[:5], ERROR_MARKERS) is None
 
 
 def test_only_a_python_program_runs_under_mpi4pys_runner():
@@ -508,23 +509,19 @@ def test_other_user_mpi_options_keep_the_rank_hosts():
     assert mpi_rank_hosts(shape) == ("algo-1", "algo-2")
 
 
-@pytest.mark.parametrize(
-    ("line", "expected"),
-    [
-        # mpirun --tag-output's prefix: the rank, and its host where the plan knows it.
-        (
-            "[1,2]<stderr>:RuntimeError: failing on purpose",
-            ("rank 2: RuntimeError: failing on purpose", "algo-3"),
-        ),
-        ("[12345,0]<stdout>:  ValueError: bad", ("rank 0: ValueError: bad", "algo-1")),
-        # A rank the plan does not place (the user's own options): the rank alone.
-        ("[1,7]<stderr>:Exception: x", ("rank 7: Exception: x", None)),
-        # mpirun's own lines have no tag.
-        (
-            "ORTE was unable to reliably start one or more daemons.",
-            ("ORTE was unable to reliably start one or more daemons.", None),
-        ),
-    ],
-)
-def test_an_mpi_error_line_names_the_rank_and_its_host(line, expected):
-    assert mpi_rank_error(line, ("algo-1", "algo-2", "algo-3")) == expected
+MPIRUN_RANK_FAILED = """--------------------------------------------------------------------------
+Primary job  terminated normally, but 1 process returned
+a non-zero exit code. Per user-direction, the job has been aborted.
+--------------------------------------------------------------------------
+--------------------------------------------------------------------------
+mpirun detected that one or more processes exited with non-zero status, thus causing
+the job to be terminated. The first process to do so was:
+
+  Process name: [[19476,1],3]
+  Exit code:    1
+--------------------------------------------------------------------------"""
+
+
+def test_mpiruns_report_names_the_first_rank_that_failed():
+    assert first_failed_rank(MPIRUN_RANK_FAILED.splitlines()) == 3
+    assert first_failed_rank(["ORTE was unable to reliably start one or more daemons."]) is None

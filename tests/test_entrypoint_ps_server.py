@@ -8,8 +8,12 @@ import sys
 
 import pytest
 
-from entrypoint.ps_server import ServerSpec, ServerSpecError, server_spec
-from entrypoint.tf_config import tf_config, toolkit_ps_cluster, toolkit_ps_tasks
+from entrypoint.launches.tf_distribute.layouts import (
+    tf_config,
+    toolkit_ps_cluster,
+    toolkit_ps_tasks,
+)
+from entrypoint.launches.tf_distribute.ps_server import ServerSpec, ServerSpecError, server_spec
 
 HOSTS = ("algo-1", "algo-2")
 
@@ -52,7 +56,7 @@ def test_refusals_are_one_line(value, message):
 
 def test_a_bad_tf_config_exits_2_with_one_line():
     result = subprocess.run(
-        [sys.executable, "-m", "entrypoint.ps_server"],
+        [sys.executable, "-m", "entrypoint.launches.tf_distribute.ps_server"],
         env={"TF_CONFIG": '{"cluster": {}, "task": {"type": "ps", "index": 0}}'},
         capture_output=True,
         text=True,
@@ -66,14 +70,15 @@ def test_a_bad_tf_config_exits_2_with_one_line():
 def test_planning_a_ps_job_loads_no_tensorflow():
     code = (
         "import sys\n"
-        "from entrypoint import main, parts, supervise\n"
+        "from entrypoint import launches, main, supervise\n"
         "from entrypoint.plan import make_plan\n"
         "from tests.test_entrypoint_tf_config import parse\n"
         "hyperparameters = {'sagemaker_parameter_server_enabled': 'true', "
         "'sagemaker_program': 'a.py'}\n"
         "launch = make_plan(parse(hyperparameters), gpu_count=0).launch\n"
-        "parts.local_part(launch, is_master=True, host='algo-1')\n"
-        "print(sorted(m for m in sys.modules if m.startswith(('tensorflow', 'entrypoint.ps_'))))\n"
+        "launches.local_part(launch, is_master=True, host='algo-1')\n"
+        "served = ('tensorflow', 'entrypoint.launches.tf_distribute.ps_server')\n"
+        "print(sorted(m for m in sys.modules if m.startswith(served)))\n"
     )
     result = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True

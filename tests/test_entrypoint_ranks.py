@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from entrypoint import rank_shim
-from entrypoint.parts import ProgramPart
-from entrypoint.plan import HostProcess
-from entrypoint.ranks import RANK_SOCKET_ENV, RankRegistry
+from entrypoint.host import rank_shim
+from entrypoint.host.ranks import RANK_SOCKET_ENV, RankRegistry
+from entrypoint.job import HostProcess
+from entrypoint.launches.program import ProgramPart
 
 pytestmark = pytest.mark.timeout(60)
 

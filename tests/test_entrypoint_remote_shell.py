@@ -16,17 +16,29 @@ from pathlib import Path
 
 import pytest
 
-from entrypoint.coordination import MasterChannel, WorkerChannel
-from entrypoint.mpi import rsh_agent
-from entrypoint.mpi.orted_command import (
+from entrypoint.channel.coordination import MasterChannel, WorkerChannel
+from entrypoint.channel.protocol import (
+    Direction,
+    FrameReader,
+    FrameWriter,
+    ProtocolError,
+    Request,
+    derive_job_key,
+    message_from_json,
+    message_to_json,
+)
+from entrypoint.channel.session import ChannelTiming
+from entrypoint.host.ranks import RANK_SOCKET_ENV
+from entrypoint.launches.mpi import rsh_agent
+from entrypoint.launches.mpi.orted_command import (
     OrtedCommand,
     RefusedCommandError,
     hnp_addresses,
     parse_orted_command,
 )
-from entrypoint.mpi.parts import MpirunPart
-from entrypoint.mpi.plan import CallbackDeadline, MpiLaunch, RemoteShell
-from entrypoint.mpi.remote_shell import (
+from entrypoint.launches.mpi.parts import MpirunPart
+from entrypoint.launches.mpi.plan import CallbackDeadline, MpiLaunch, RemoteShell
+from entrypoint.launches.mpi.remote_shell import (
     REMOTE_SHELL_CATALOG,
     AgentRelay,
     CalledBack,
@@ -38,19 +50,11 @@ from entrypoint.mpi.remote_shell import (
     late_daemons,
     missed_callback_message,
 )
-from entrypoint.mpi.rsh_agent import AGENT_SOCKET_ENV, NOT_RUN_EXIT_CODE, parse_agent_answer
-from entrypoint.protocol import (
-    Direction,
-    FrameReader,
-    FrameWriter,
-    ProtocolError,
-    Request,
-    derive_job_key,
-    message_from_json,
-    message_to_json,
+from entrypoint.launches.mpi.rsh_agent import (
+    AGENT_SOCKET_ENV,
+    NOT_RUN_EXIT_CODE,
+    parse_agent_answer,
 )
-from entrypoint.ranks import RANK_SOCKET_ENV
-from entrypoint.session import ChannelTiming
 from smcommon.failure import Failure, Reason
 
 pytestmark = pytest.mark.timeout(60)
@@ -485,13 +489,18 @@ def test_the_agent_reads_only_a_valid_answer():
 
 
 def test_the_agent_imports_nothing_but_the_standard_librarys_basics():
-    """One agent per worker lives on the master for the whole job: it stays small."""
+    """One agent per worker lives on the master for the whole job: it stays small. The image runs
+    the file as a script under `python -IS` (Dockerfile), so no package of ours is imported."""
     probe = (
-        "import sys, entrypoint.mpi.rsh_agent; "
+        "import runpy, sys; runpy.run_path(sys.argv[1], run_name='agent'); "
         "print(sorted(m for m in sys.modules if m.split('.')[0] in "
         "{'entrypoint', 'asyncio', 'psutil', 'socketserver', 'threading', 'logging'}))"
     )
     done = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=30
+        [sys.executable, "-IS", "-c", probe, rsh_agent.__file__],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=30,
     )
-    assert done.stdout.strip() == "['entrypoint', 'entrypoint.mpi', 'entrypoint.mpi.rsh_agent']"
+    assert done.stdout.strip() == "[]"

@@ -15,8 +15,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from entrypoint import main, supervise, usercode
+from entrypoint import main, supervise
 from entrypoint.contract import ContractPaths
+from entrypoint.host import usercode
 from smcommon.failure import STOPPED_EXIT_CODE
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from entrypoint.sshkeys import SeedSource, choose_seed, derive_keys, install_keys
+from entrypoint.host.sshkeys import SeedSource, choose_seed, derive_keys, install_keys
 
 
 def test_seed_preference():

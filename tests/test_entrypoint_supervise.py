@@ -16,12 +16,12 @@ from pathlib import Path
 import pytest
 
 from entrypoint import supervise
+from entrypoint.channel.protocol import Exited, Verdict
 from entrypoint.contract import parse_contract
+from entrypoint.host.children import KILL_WAIT_S
 from entrypoint.host.oom import MemoryCounters
 from entrypoint.job import VerdictRule
-from entrypoint.localpart import KILL_WAIT_S
 from entrypoint.plan import JobPlan, make_plan
-from entrypoint.protocol import Exited, Verdict
 from smcommon.failure import Failure, Reason
 
 HOSTS = ("algo-1", "algo-2", "algo-3")

@@ -11,36 +11,33 @@ from typing import Any
 
 import pytest
 
+from entrypoint.channel.coordination import CHANNEL_PORT
+from entrypoint.channel.protocol import Exited, Verdict, chief_verdict
 from entrypoint.contract import Backend, ContractError, parse_contract
-from entrypoint.coordination import CHANNEL_PORT
-from entrypoint.job import VerdictRule
-from entrypoint.localpart import ChildProcess
-from entrypoint.mpi.plan import MpiLaunch
-from entrypoint.parts import TaskGroupPart, local_part
-from entrypoint.plan import (
-    BACKEND_ENV,
-    ProcessesLaunch,
-    host_tasks,
-    launch_lines,
-    make_plan,
-    summary_line,
-    task_environment,
-)
-from entrypoint.protocol import Exited, Verdict, chief_verdict
-from entrypoint.tf_config import (
+from entrypoint.host.children import ChildProcess
+from entrypoint.host.rank_output import OutputPump
+from entrypoint.job import ProcessesLaunch, VerdictRule
+from entrypoint.launches import local_part
+from entrypoint.launches.mpi.plan import MpiLaunch
+from entrypoint.launches.tf_distribute.layouts import (
     TF_CONFIG_ENV,
     Task,
     TaskType,
+    host_tasks,
     mwms_cluster,
     mwms_tasks,
     ps_cluster,
     ps_tasks,
+    task_environment,
     tf_config,
     tf_config_line,
     toolkit_ps_cluster,
     toolkit_ps_tasks,
 )
+from entrypoint.launches.tf_distribute.part import TaskGroupPart
+from entrypoint.plan import launch_lines, make_plan, summary_line
 from smcommon.failure import STOPPED_EXIT_CODE, Failure, Reason
+from smcommon.names import BACKEND_ENV
 
 HOSTS = ("algo-1", "algo-2", "algo-3")
 MWMS = "sagemaker_multi_worker_mirrored_strategy_enabled"
@@ -342,7 +339,7 @@ def test_the_toolkit_layout_runs_the_script_once_per_host_and_serves_ps_itself()
     assert isinstance(launch, ProcessesLaunch)
     assert [(p.task, p.argv, p.working_dir, p.prefix) for p in launch.processes] == [
         ("master:0", ("python3", "ps.py", "--epochs", "2"), Path("/opt/ml/code"), "[master:0] "),
-        ("ps:0", ("python3", "-m", "entrypoint.ps_server"), None, "[ps:0] "),
+        ("ps:0", ("python3", "-m", "entrypoint.launches.tf_distribute.ps_server"), None, "[ps:0] "),
     ]
     assert (launch.verdict, launch.chief_task) == (VerdictRule.CHIEF, "master:0")
     assert master.command == ("python3", "ps.py", "--epochs", "2")
@@ -468,7 +465,8 @@ def test_chief_verdict(exits, stopping, verdict):
 
 
 def _task(code: str, name: str) -> tuple[str, ChildProcess]:
-    return name, ChildProcess([sys.executable, "-c", code], {}, None, prefix=f"[{name}] ")
+    pump = OutputPump("algo-1")
+    return name, ChildProcess([sys.executable, "-c", code], {}, None, label=name, pump=pump)
 
 
 def _wait(part: TaskGroupPart, timeout: float = 20.0) -> int:

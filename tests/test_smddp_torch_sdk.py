@@ -12,7 +12,7 @@ import json
 import pytest
 
 from entrypoint.contract import Backend, parse_contract
-from entrypoint.mpi.plan import build_mpirun_argv
+from entrypoint.launches.mpi.plan import build_mpirun_argv
 from entrypoint.plan import make_plan
 from tests.test_sdk_local import FAKE_ROLE, NO_TELEMETRY
 

@@ -218,7 +218,7 @@ def test_a_ps_server_killed_fails_every_host(make_cluster, docker, mnist_npy):
             "pkill",
             "-KILL",
             "-f",
-            "entrypoint.ps_server",
+            "entrypoint.launches.tf_distribute.ps_server",
         ],
         check=True,
         capture_output=True,

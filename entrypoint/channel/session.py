@@ -28,7 +28,7 @@ import threading
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
 from typing import Any, TypeVar
 
-from entrypoint.protocol import (
+from entrypoint.channel.protocol import (
     HEADER_BYTES,
     NONCE_BYTES,
     PROTOCOL_VERSION,

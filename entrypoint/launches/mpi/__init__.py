@@ -9,5 +9,6 @@ over the coordination channel by default or over ssh).
   relay for the rsh agent; `orted_command` parses the command OpenMPI sends (pure);
 - `rsh_agent`: the agent mpirun runs instead of ssh (a standard-library script).
 
-This file imports nothing: the agent's package must stay as small as the agent.
+The image installs `rsh_agent` as a script run by `python -IS` (Dockerfile): it imports none of
+these packages.
 """

@@ -27,10 +27,14 @@ from pathlib import Path
 
 import psutil
 
+from entrypoint.channel.protocol import Catalog
+from entrypoint.channel.session import Handlers
+from entrypoint.host.activity import HostWatch
+from entrypoint.host.children import KILL_WAIT_S, ChildProcess
+from entrypoint.host.ranks import RANK_SOCKET_ENV, RankRegistry
 from entrypoint.job import VerdictRule
-from entrypoint.localpart import KILL_WAIT_S, Ask, ChildProcess, PartBase, exit_failure
-from entrypoint.mpi.plan import CallbackDeadline, MpiLaunch, RemoteShell
-from entrypoint.mpi.remote_shell import (
+from entrypoint.launches.mpi.plan import CallbackDeadline, MpiLaunch, RemoteShell
+from entrypoint.launches.mpi.remote_shell import (
     CALLBACK_MISSED_EXIT_CODE,
     REMOTE_SHELL_CATALOG,
     AgentRelay,
@@ -39,10 +43,8 @@ from entrypoint.mpi.remote_shell import (
     late_daemons,
     missed_callback_message,
 )
-from entrypoint.mpi.rsh_agent import AGENT_SOCKET_ENV
-from entrypoint.protocol import Catalog
-from entrypoint.ranks import RANK_SOCKET_ENV, RankRegistry
-from entrypoint.session import Handlers
+from entrypoint.launches.mpi.rsh_agent import AGENT_SOCKET_ENV
+from entrypoint.part import Ask, PartBase, exit_failure
 from smcommon.failure import Failure, Reason
 
 log = logging.getLogger("entrypoint")
@@ -54,19 +56,20 @@ SSHD = "/usr/sbin/sshd"
 MAX_SSH_CHECKS_IN_FLIGHT = 16
 SSH_RETRY_S = 0.2
 
-# mpirun --tag-output's prefix on every line a rank prints: "[<jobid>,<rank>]<stream>:".
-_MPI_OUTPUT_TAG = re.compile(r"^\[\d+,(\d+)\]<(?:stdout|stderr|stddiag)>:\s*(.*)$")
+# mpirun's own report of the first rank that failed: "Process name: [[<jobid>,1],<rank>]".
+_FIRST_FAILED = re.compile(r"Process name:\s*\[\[\d+,\d+\],(\d+)\]")
+# How long the master waits for the failed rank's last error line (a worker reports it over the
+# channel as soon as the rank's output ends, which is before mpirun notices its exit).
+RANK_ERROR_WAIT_S = 2.0
 
 
-def mpi_rank_error(line: str, rank_hosts: Sequence[str]) -> tuple[str, str | None]:
-    """An error line mpirun printed, its tag read: 'rank R: <the line>' and the rank's host
-    where `rank_hosts` (index = rank) knows it; mpirun's own lines as they are (no host)."""
-    match = _MPI_OUTPUT_TAG.match(line)
-    if match is None:
-        return line, None
-    rank, text = int(match.group(1)), match.group(2).strip()
-    host = rank_hosts[rank] if rank < len(rank_hosts) else None
-    return f"rank {rank}: {text}", host
+def first_failed_rank(mpirun_lines: Sequence[str]) -> int | None:
+    """The rank mpirun names as the first to fail, from its own lines (the last report)."""
+    for line in reversed(mpirun_lines):
+        match = _FIRST_FAILED.search(line)
+        if match:
+            return int(match.group(1))
+    return None
 
 
 # --------------------------------------------------------------------------------------------
@@ -191,9 +194,11 @@ class MpirunPart(PartBase):
         host: str,
         clock: Callable[[], float] = time.monotonic,
         callbacks: OrtedCallbacks | None = None,
+        watch: HostWatch | None = None,
     ) -> None:
         self._launch = launch
         self._host = host
+        self.watch = watch or HostWatch(host)
         self._clock = clock
         self._channel_shell = launch.remote_shell is RemoteShell.CHANNEL
         self.catalog: Catalog = REMOTE_SHELL_CATALOG if self._channel_shell else self.catalog
@@ -214,7 +219,7 @@ class MpirunPart(PartBase):
         return self._callbacks.handlers() if self._channel_shell else {}
 
     def prepare(self) -> None:
-        self._ranks = RankRegistry(self._env[RANK_SOCKET_ENV])
+        self._ranks = RankRegistry(self._env[RANK_SOCKET_ENV], self.watch.pump)
         if not self._launch.worker_hosts:
             return
         if self._channel_shell:
@@ -241,7 +246,9 @@ class MpirunPart(PartBase):
 
     def start(self) -> None:
         self._checks.close()
-        self._child = ChildProcess(self._launch.argv, self._env, None)
+        self._child = ChildProcess(
+            self._launch.argv, self._env, None, label="mpirun", pump=self.watch.pump, rank=False
+        )
         self._child.start()
         self._started_at = self._clock()
 
@@ -293,9 +300,20 @@ class MpirunPart(PartBase):
             # The whole reason: mpirun did not exit, this part ended it (on the first late host).
             message = missed_callback_message(self._late, deadline.timeout_s)
             return Failure(Reason.TRAINING_FAILED, message, self._late[0])
+        exited = f"mpirun exited with code {code}"
+        failed = first_failed_rank(self._child.lines() if self._child is not None else ())
+        if failed is not None:
+            error = self.watch.wait_for_error(f"rank {failed}", RANK_ERROR_WAIT_S)
+            if error is not None:
+                return exit_failure(exited, f"rank {failed}: {error.line}", error.host)
+        # mpirun's own words (a rank a signal ended: "... exited on signal 9 (Killed)."), else
+        # the first error a rank printed.
         line = self._child.error_line() if self._child is not None else None
-        error, host = mpi_rank_error(line, self._launch.rank_hosts) if line else (None, None)
-        return exit_failure(f"mpirun exited with code {code}", error, host or self._host)
+        errors = self.watch.errors()
+        if line is None and errors:
+            first = errors[0]
+            return exit_failure(exited, f"{first.label}: {first.line}", first.host)
+        return exit_failure(exited, line, self._host)
 
     def close(self) -> None:
         self._checks.close()
@@ -323,9 +341,10 @@ class OrtedPart(PartBase):
     starts_on_start = False
     reports_exit = False
 
-    def __init__(self, launch: MpiLaunch, host: str) -> None:
+    def __init__(self, launch: MpiLaunch, host: str, watch: HostWatch | None = None) -> None:
         self._launch = launch
         self._host = host
+        self.watch = watch or HostWatch(host)
         self._channel_shell = launch.remote_shell is RemoteShell.CHANNEL
         self.catalog: Catalog = REMOTE_SHELL_CATALOG if self._channel_shell else self.catalog
         own = {**os.environ, **own_rank_variables(launch.env)}
@@ -337,7 +356,7 @@ class OrtedPart(PartBase):
         return self._spawner.handlers() if self._spawner is not None else {}
 
     def prepare(self) -> None:
-        self._ranks = RankRegistry(self._launch.env[RANK_SOCKET_ENV])
+        self._ranks = RankRegistry(self._launch.env[RANK_SOCKET_ENV], self.watch.pump)
         if not self._channel_shell:
             self._sshd = Sshd(self._host, own_rank_variables(self._launch.env))
 
@@ -374,6 +393,10 @@ class OrtedPart(PartBase):
             self._ranks.close()
 
 
-def mpi_part(launch: MpiLaunch, *, is_master: bool, host: str) -> MpirunPart | OrtedPart:
+def mpi_part(
+    launch: MpiLaunch, *, is_master: bool, host: str, watch: HostWatch | None = None
+) -> MpirunPart | OrtedPart:
     """This host's part of an MPI launch."""
-    return MpirunPart(launch, host) if is_master else OrtedPart(launch, host)
+    if is_master:
+        return MpirunPart(launch, host, watch=watch)
+    return OrtedPart(launch, host, watch)

@@ -2,8 +2,9 @@
 hidden from the GPUs, serving until it is stopped; it never runs user code
 (aws/sagemaker-tensorflow-training-toolkit, training.py, `_run_ps`).
 
-The entry point starts it as a child process (`python -m entrypoint.ps_server`), one per host,
-with the task's TF_CONFIG (tf_config.toolkit_ps_cluster); the entry point's own process never
+The entry point starts it as a child process
+(`python -m entrypoint.launches.tf_distribute.ps_server`), one per host, with the task's
+TF_CONFIG (layouts.toolkit_ps_cluster); the entry point's own process never
 imports TensorFlow, and nothing in entrypoint imports this module. `server_spec` is pure.
 """
 
@@ -16,7 +17,7 @@ import os
 import sys
 from collections.abc import Mapping
 
-from entrypoint.tf_config import TF_CONFIG_ENV, TaskType
+from entrypoint.launches.tf_distribute.layouts import TF_CONFIG_ENV, TaskType
 
 log = logging.getLogger("ps_server")
 

@@ -10,6 +10,13 @@ names the connecting pid (SO_PEERCRED), waits for the entry point's "ok" (regist
 program starts, so no stop can miss it), and execs. On a stop the entry point signals exactly
 these pids (ranks.RankRegistry).
 
+The rank's output goes to its host's entry point too, whole lines tagged with host and rank
+(host/rank_output.py), not through mpirun's or torchrun's own output: the shim makes a pipe,
+passes its read end with the registration (SCM_RIGHTS), puts the write end on stdout and stderr
+(one stream, in order) and execs. A second pipe carries heartbeats (smcommon/heartbeat.py: its
+write end's number in SM_HVD_HEARTBEAT_FD). The registration names the rank: its world rank
+(OMPI_COMM_WORLD_RANK under mpirun, RANK under torchrun), or the label the plan set.
+
 Run as a script by `python -IS` (the image installs it as /opt/venv/bin/sm-horovod-rank): one
 per rank, so it imports nothing but the standard library's basics. A registry that does not
 answer is a bug of ours: the rank fails in one line instead of running unowned.
@@ -20,25 +27,65 @@ from __future__ import annotations
 import os
 import socket
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 # Where the rank finds its host's registry (set in the ranks' environment by the plan).
 RANK_SOCKET_ENV = "SM_HVD_RANK_SOCKET"
 # The registry's answer once the pid is recorded.
 REGISTERED = b"ok\n"
+# A label the plan sets for what is no numbered rank (it wins over the launchers' rank).
+OUTPUT_LABEL_ENV = "SM_HVD_OUTPUT_LABEL"
+# Where the rank's number is, in the order looked up: mpirun's, torchrun's.
+RANK_VARIABLES = ("OMPI_COMM_WORLD_RANK", "RANK")
+# smcommon.heartbeat.HEARTBEAT_FD_ENV (the shim imports nothing of ours).
+HEARTBEAT_FD_ENV = "SM_HVD_HEARTBEAT_FD"
+# host/stacks.STACKS_SIGNAL_ENV: docker/sm_horovod_stacks.pth then has the rank write its
+# stack on SIGUSR2.
+STACKS_SIGNAL_ENV = "SM_HVD_STACKS_ON_SIGUSR2"
 # Exit code when the rank cannot register or its program cannot start (a shell's "not run").
 NOT_RUN_EXIT_CODE = 127
 _REGISTER_TIMEOUT_S = 30.0
 
 
-def register(path: str) -> None:
-    """Tell the registry at `path` this process is a rank; returns once it is recorded."""
+def output_label(env: Mapping[str, str]) -> str:
+    """How the rank's lines are tagged: 'rank 3', or the plan's label."""
+    if env.get(OUTPUT_LABEL_ENV):
+        return env[OUTPUT_LABEL_ENV]
+    for name in RANK_VARIABLES:
+        if env.get(name, "").isdigit():
+            return f"rank {env[name]}"
+    return f"pid {os.getpid()}"
+
+
+def register(path: str, label: str, fds: list[int]) -> None:
+    """Tell the registry at `path` this process is the rank `label`, handing it `fds` (its
+    output's and its heartbeats' read ends); returns once it is recorded."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
         connection.settimeout(_REGISTER_TIMEOUT_S)
         connection.connect(path)
+        socket.send_fds(connection, [label.encode() + b"\n"], fds)
         answer = connection.makefile("rb").readline()
     if answer != REGISTERED:
         raise ConnectionError(f"unexpected answer {answer!r}")
+
+
+def _register_with_output(path: str) -> None:
+    """Register, then write stdout and stderr into the pipe the registry reads."""
+    output_read, output_write = os.pipe()
+    beats_read, beats_write = os.pipe()
+    try:
+        register(path, output_label(os.environ), [output_read, beats_read])
+    finally:
+        os.close(output_read)
+        os.close(beats_read)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(output_write, 1)
+    os.dup2(output_write, 2)
+    os.close(output_write)
+    os.set_inheritable(beats_write, True)
+    os.environ[HEARTBEAT_FD_ENV] = str(beats_write)
+    os.environ[STACKS_SIGNAL_ENV] = "1"
 
 
 def main(argv: Sequence[str]) -> int:
@@ -48,7 +95,7 @@ def main(argv: Sequence[str]) -> int:
     path = os.environ.get(RANK_SOCKET_ENV)
     if path:
         try:
-            register(path)
+            _register_with_output(path)
         except OSError as error:
             print(
                 f"sm-horovod-rank: cannot register with the entry point at {path}: {error}",

@@ -17,6 +17,9 @@ One TCP connection per worker, opened by the worker to the master:
     master -> worker   Verdict {code, failure}            |   message, host} or null)
     worker -> master   Ack                               /
     both ways          Request {id, body} -> Response {id, body | error}
+    worker -> master   RankReport {samples, errors} every REPORT_INTERVAL_S, and when a rank's
+                       output ended on an error line (the stall rule, the failure's last error)
+    master -> worker   Request DumpStacks {why} -> StacksDumped {stacks} (a stall)
 
 Frame: 4-byte big-endian length, then a 32-byte HMAC-SHA256 tag, then a JSON object. The tag
 covers the direction, the frame's sequence number in that direction and the JSON bytes, under a
@@ -43,12 +46,13 @@ from typing import Any, ClassVar, Self
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
+from entrypoint.stall import Frame, RankSample
 from smcommon.failure import STOPPED_EXIT_CODE, Failure, Reason
 
 # Sent in every Hello; a master refuses a worker that speaks another version. 2: Hello carries
 # the version; Refused, Request and Response exist. 3: Stop. 4: Fault; the failure reasons
-# OutOfMemory and DiskFull.
-PROTOCOL_VERSION = 4
+# OutOfMemory and DiskFull. 5: RankReport, DumpStacks, StacksDumped; the reason Stalled.
+PROTOCOL_VERSION = 5
 # What a Hello without a version field is: the first protocol, which sent none.
 _UNVERSIONED = 1
 NONCE_BYTES = 16
@@ -325,6 +329,149 @@ class Ack(Message):
     TRAVELS = frozenset({Direction.TO_MASTER})
 
 
+# How often a worker reports its ranks' activity (the stall rule ages each report meanwhile).
+REPORT_INTERVAL_S = 5.0
+# A report's and a stack summary's text fields are cut here (a frame is at most 16 KiB).
+_LINE_CHARS = 300
+_FRAMES_PER_RANK = 4
+_RANKS_PER_REPORT = 32
+
+
+def _number(value: object, name: str) -> float:
+    if not isinstance(value, int | float) or isinstance(value, bool) or not value >= 0:
+        raise ProtocolError(f"{name} {value!r} is not a non-negative number")
+    return float(value)
+
+
+def _text(value: object, name: str) -> str:
+    if not isinstance(value, str):
+        raise ProtocolError(f"{name} must be a string")
+    return value[:_LINE_CHARS]
+
+
+def _list(value: object, name: str) -> list[Any]:
+    if not isinstance(value, list):
+        raise ProtocolError(f"{name} must be a list")
+    return value
+
+
+@dataclasses.dataclass(frozen=True)
+class RankReport(Message):
+    """Worker to master: this host's live ranks as the stall rule needs them (its host is the
+    session's peer), and the last error line of ranks whose output ended since the last report.
+    """
+
+    TYPE = "rank_report"
+    TRAVELS = frozenset({Direction.TO_MASTER})
+
+    samples: tuple[RankSample, ...] = ()
+    # (rank label, its last error line)
+    errors: tuple[tuple[str, str], ...] = ()
+
+    def to_json(self) -> Fields:
+        return {
+            "samples": [
+                [sample.label[:_LINE_CHARS], sample.quiet_s, sample.idle_s, sample.stopped]
+                for sample in self.samples[:_RANKS_PER_REPORT]
+            ],
+            "errors": [
+                [label[:_LINE_CHARS], line[:_LINE_CHARS]]
+                for label, line in self.errors[:_RANKS_PER_REPORT]
+            ],
+        }
+
+    @classmethod
+    def from_json(cls, fields: Fields, catalog: Catalog) -> Self:
+        samples = []
+        for item in _list(fields.get("samples", []), "RankReport's samples"):
+            if not isinstance(item, list) or len(item) != 4 or not isinstance(item[3], bool):
+                raise ProtocolError("a sample is [label, quiet_s, idle_s, stopped]")
+            samples.append(
+                RankSample(
+                    host="",
+                    label=_text(item[0], "a sample's label"),
+                    quiet_s=_number(item[1], "quiet_s"),
+                    idle_s=_number(item[2], "idle_s"),
+                    stopped=item[3],
+                )
+            )
+        errors = []
+        for item in _list(fields.get("errors", []), "RankReport's errors"):
+            if not isinstance(item, list) or len(item) != 2:
+                raise ProtocolError("an error is [label, line]")
+            errors.append((_text(item[0], "an error's label"), _text(item[1], "an error line")))
+        return cls(tuple(samples), tuple(errors))
+
+
+@dataclasses.dataclass(frozen=True)
+class DumpStacks(Message):
+    """Master to worker, as a Request's body: write every rank's stack into your log; answered
+    with StacksDumped."""
+
+    TYPE = "dump_stacks"
+    TRAVELS = frozenset({Direction.TO_WORKER})
+
+    why: str
+
+    @classmethod
+    def from_json(cls, fields: Fields, catalog: Catalog) -> Self:
+        return cls(_text(fields.get("why"), "DumpStacks' why"))
+
+
+@dataclasses.dataclass(frozen=True)
+class StacksDumped(Message):
+    """Worker to master: each rank's main-thread frames, innermost first (a few), by its name
+    ('<host> <label>'), where they could be read."""
+
+    TYPE = "stacks_dumped"
+    TRAVELS = frozenset({Direction.TO_MASTER})
+
+    stacks: tuple[tuple[str, tuple[Frame, ...]], ...] = ()
+
+    def to_json(self) -> Fields:
+        return {
+            "stacks": [
+                [
+                    name[:_LINE_CHARS],
+                    [
+                        [
+                            frame.function[:_LINE_CHARS],
+                            frame.file[:_LINE_CHARS],
+                            frame.line,
+                            frame.source[:_LINE_CHARS],
+                        ]
+                        for frame in frames[:_FRAMES_PER_RANK]
+                    ],
+                ]
+                for name, frames in self.stacks[:_RANKS_PER_REPORT]
+            ]
+        }
+
+    @classmethod
+    def from_json(cls, fields: Fields, catalog: Catalog) -> Self:
+        stacks = []
+        for item in _list(fields.get("stacks", []), "StacksDumped's stacks"):
+            if not isinstance(item, list) or len(item) != 2:
+                raise ProtocolError("a stack is [name, frames]")
+            frames = []
+            for frame in _list(item[1], "a stack's frames"):
+                if not isinstance(frame, list) or len(frame) != 4:
+                    raise ProtocolError("a frame is [function, file, line, source]")
+                line = frame[2]
+                if not isinstance(line, int) or isinstance(line, bool):
+                    raise ProtocolError("a frame's line must be an integer")
+                frames.append(
+                    Frame(
+                        _text(frame[0], "a function"),
+                        _text(frame[1], "a file"),
+                        line,
+                        _text(frame[3], "a source line"),
+                    )
+                )
+            stacks.append((_text(item[0], "a stack's name"), tuple(frames)))
+        return cls(tuple(stacks))
+
+
 def _body_from_json(value: object, catalog: Catalog) -> Message:
     if not isinstance(value, dict):
         raise ProtocolError("a request's or response's body must be a JSON object")
@@ -399,6 +546,7 @@ def catalog(*types: type[Message]) -> dict[str, type[Message]]:
 # Every message of the channel itself; a feature that adds messages extends this table.
 MESSAGES: tuple[type[Message], ...] = (
     Hello, Refused, Heartbeat, Start, Stop, Fault, Exited, Verdict, Ack, Request, Response,
+    RankReport, DumpStacks, StacksDumped,
 )  # fmt: skip
 CATALOG: Catalog = catalog(*MESSAGES)
 

@@ -14,14 +14,14 @@ import enum
 from collections.abc import Mapping
 from typing import ClassVar, assert_never
 
+from entrypoint.host.ranks import RANK_SHIM
 from entrypoint.job import JobShape, VerdictRule, is_exportable
-from entrypoint.ranks import RANK_SHIM
 
 # Flags for every job. ob1 + TCP is what works over SageMaker's ENA and Docker networks alike.
 _OMPI_FLAGS: tuple[str, ...] = (
     "--allow-run-as-root",
-    # Prefix every line with [jobid,rank]<stream>: so interleaved rank logs stay attributable.
-    "--tag-output",
+    # No --tag-output: each rank's output goes to its own host's entry point through the rank
+    # shim, which tags whole lines (host/rank_output.py); mpirun's tag cut them into fragments.
     # Horovod's recommendation for one rank per GPU: no pinning, fill each host's slots in order.
     "-bind-to", "none",
     "-map-by", "slot",

@@ -1,4 +1,5 @@
-"""TF_CONFIG for tf.distribute's strategies, from the sorted host list. Pure.
+"""TF_CONFIG for tf.distribute's strategies, from the sorted host list, and the launch built
+from it (each layout's differences as data: _TfLayout). Pure.
 
 TensorFlow reads the cluster from the `TF_CONFIG` variable of every process: the addresses of
 every task, by type (`chief`, `worker`, `ps`), and the process's own task type and index
@@ -36,7 +37,11 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+
+from entrypoint.contract import Backend
+from entrypoint.job import HostProcess, JobShape, ProcessesLaunch, VerdictRule
+from smcommon.names import BACKEND_ENV
 
 TF_CONFIG_ENV = "TF_CONFIG"
 # AWS's toolkit's setup lines (training.py, train()): its tests look for them, users paste them.
@@ -167,3 +172,146 @@ def tf_config_line(task: Task, value: str) -> str:
     """How the entry point logs a task's TF_CONFIG: the toolkit's `TF_CONFIG=<value>` (from its
     list of the script's environment variables), after the task's name."""
     return f"task {task.name}: {TF_CONFIG_ENV}={value}"
+
+
+# --------------------------------------------------------------------------------------------
+# The layouts, as data, and the launch built from them
+
+# TensorFlow's parameter-server guide: workers and ps fail an RPC at once when a peer is gone,
+# instead of retrying it forever.
+_PS_DEFAULTS = {"GRPC_FAIL_FAST": "use_caller"}
+
+# The entry point's parameter server (ps_server.py), run as a module: the entry point's own
+# process never imports TensorFlow.
+PS_SERVER_MODULE = "entrypoint.launches.tf_distribute.ps_server"
+
+
+class PsLayout(enum.Enum):
+    """Which processes run the user's script under parameter servers (the
+    `parameter_server_layout` hyperparameter; the layouts are above)."""
+
+    # AWS's TensorFlow containers: the script once per host (master, workers), and on every host
+    # a ps server the entry point starts itself (ps_server.py). TF1 Estimators and custom loops.
+    TOOLKIT = "toolkit"
+    # TF2 ParameterServerStrategy: the script as the chief and as every worker and ps task.
+    STRATEGY = "strategy"
+
+
+@dataclasses.dataclass(frozen=True)
+class _TfLayout:
+    """What tells tf.distribute's layouts apart here (the layouts above)."""
+
+    tasks: Callable[[tuple[str, ...], str], tuple[Task, ...]]
+    cluster: Callable[[tuple[str, ...]], dict[str, list[str]]]
+    verdict: VerdictRule
+    # Environment defaults for every task (the user's own values win).
+    defaults: Mapping[str, str]
+    # The toolkit's line that says which setup the job runs.
+    setup_line: str
+    # The task type whose success ends the job (VerdictRule.CHIEF), if any.
+    chief: TaskType | None = None
+    # Task types the entry point serves itself (ps_server.py) instead of the user's script.
+    served: frozenset[TaskType] = frozenset()
+    # What the log says about who runs the script, where that is not obvious.
+    note: str = ""
+
+
+_MWMS_LAYOUT = _TfLayout(
+    mwms_tasks,
+    mwms_cluster,
+    VerdictRule.EVERY_HOST,
+    {},
+    MWMS_SETUP_LINE,
+)
+# The master's script ends the job: the ps servers block in server.join() forever, and the
+# toolkit's workers wait for the master to go down (_wait_until_master_is_down).
+_TOOLKIT_PS_LAYOUT = _TfLayout(
+    toolkit_ps_tasks,
+    toolkit_ps_cluster,
+    VerdictRule.CHIEF,
+    _PS_DEFAULTS,
+    PS_SETUP_LINE,
+    chief=TaskType.MASTER,
+    served=frozenset({TaskType.PS}),
+    note=(
+        "parameter_server_layout=toolkit: your script runs once per host (master on the first, "
+        "worker on the others) and the entry point runs every host's ps server, as AWS's "
+        "TensorFlow containers do; TF2 ParameterServerStrategy scripts need "
+        "parameter_server_layout=strategy"
+    ),
+)
+# The chief's program ends the job: the worker and ps servers block in server.join()
+# forever (tensorflow#25858).
+_STRATEGY_PS_LAYOUT = _TfLayout(
+    ps_tasks,
+    ps_cluster,
+    VerdictRule.CHIEF,
+    _PS_DEFAULTS,
+    PS_SETUP_LINE,
+    chief=TaskType.CHIEF,
+    note=(
+        "parameter_server_layout=strategy: your script runs as the chief and as every worker "
+        "and ps task (TF2 ParameterServerStrategy)"
+    ),
+)
+
+
+def tf_layout(plan: JobShape) -> _TfLayout:
+    """The tf.distribute layout of this job's backend (and parameter_server_layout)."""
+    match plan.backend:
+        case Backend.MULTI_WORKER_MIRRORED:
+            return _MWMS_LAYOUT
+        case Backend.PARAMETER_SERVER if PsLayout(plan.ps_layout) is PsLayout.STRATEGY:
+            return _STRATEGY_PS_LAYOUT
+        case Backend.PARAMETER_SERVER:
+            return _TOOLKIT_PS_LAYOUT
+    raise ValueError(f"backend {plan.backend.value} has no TF_CONFIG tasks")
+
+
+def host_tasks(plan: JobShape) -> tuple[Task, ...]:
+    """This host's tf.distribute tasks (the layouts above)."""
+    return tf_layout(plan).tasks(plan.hosts, plan.current_host)
+
+
+def job_task_count(plan: JobShape) -> int:
+    """Every host's tf.distribute tasks together."""
+    tasks = tf_layout(plan).tasks
+    return sum(len(tasks(plan.hosts, host)) for host in plan.hosts)
+
+
+def task_environment(program_env: Mapping[str, str], plan: JobShape, task: Task) -> dict[str, str]:
+    """One task's environment: the program's (rank_environment), its TF_CONFIG (ours wins over
+    one the user set: it describes this job's cluster), and the backend for the built-in model."""
+    layout = tf_layout(plan)
+    env = dict(program_env)
+    for name, value in layout.defaults.items():
+        env.setdefault(name, value)
+    env[TF_CONFIG_ENV] = tf_config(layout.cluster(plan.hosts), task)
+    env[BACKEND_ENV] = plan.backend.value
+    return env
+
+
+def tf_config_launch(shape: JobShape, env: Mapping[str, str]) -> ProcessesLaunch:
+    """tf.distribute's strategies: this host's tasks, each with its own TF_CONFIG; the user's
+    script, or for the tasks the layout serves itself, the entry point's ps server."""
+    layout = tf_layout(shape)
+    tasks = host_tasks(shape)
+    # One task per host (MWMS) needs no prefix: its lines are the host's.
+    prefixed = len(tasks) > 1
+    processes = tuple(
+        HostProcess(
+            ps_server_argv(shape) if task.type in layout.served else shape.program_argv,
+            task_environment(env, shape, task),
+            None if task.type in layout.served else shape.working_dir,
+            task=task.name,
+            prefix=f"[{task.name}] " if prefixed else "",
+        )
+        for task in tasks
+    )
+    chief = next((task.name for task in tasks if task.type is layout.chief), None)
+    return ProcessesLaunch(processes, layout.verdict, chief)
+
+
+def ps_server_argv(shape: JobShape) -> tuple[str, ...]:
+    """The entry point's parameter server (ps_server.py), under the program's interpreter."""
+    return (shape.python, "-m", PS_SERVER_MODULE)

@@ -8,6 +8,9 @@ reach that process, never a later one that reused its pid. A stop then sends SIG
 ranks and to nothing else (the daemons stay up: a dead rsh agent or orted is, to mpirun, a
 failed daemon that ends every rank at once); a rank that registers after the stop gets it at
 once.
+
+A rank hands over its output with its registration (rank_shim.py): the registry gives it to this
+host's log pump (host/rank_output.py), tagged with the rank's label.
 """
 
 from __future__ import annotations
@@ -25,8 +28,9 @@ from pathlib import Path
 
 import psutil
 
-from entrypoint.rank_shim import RANK_SOCKET_ENV, REGISTERED
-from entrypoint.unixserver import PrivateUnixServer
+from entrypoint.host.rank_output import OutputPump, Stream
+from entrypoint.host.rank_shim import RANK_SOCKET_ENV, REGISTERED
+from entrypoint.host.unixserver import PrivateUnixServer
 
 log = logging.getLogger("entrypoint")
 
@@ -37,6 +41,9 @@ RANK_SHIM = "sm-horovod-rank"
 # Every host's registry listens here (one path, so mpirun can forward it to every rank by name).
 RANK_SOCKET_PATH = "/run/sm-horovod/ranks.sock"
 _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+# A registration's label line, and the file descriptors that come with it (output, heartbeats).
+_LABEL_BYTES = 256
+_REGISTRATION_FDS = 2
 
 
 @dataclasses.dataclass
@@ -81,13 +88,23 @@ class OwnedProcess:
             self.pidfd = None
 
 
-class RankRegistry:
-    """This host's ranks, registered over a Unix socket only this user can reach."""
+@dataclasses.dataclass
+class Rank:
+    """A registered rank: the process, and its output as the pump tracks it."""
 
-    def __init__(self, path: str | Path = RANK_SOCKET_PATH) -> None:
+    process: OwnedProcess
+    output: Stream | None
+
+
+class RankRegistry:
+    """This host's ranks, registered over a Unix socket only this user can reach; their output
+    goes to `pump` (a pump of its own, writing to stdout, if none is given)."""
+
+    def __init__(self, path: str | Path = RANK_SOCKET_PATH, pump: OutputPump | None = None) -> None:
         self.path = Path(path)
+        self.pump = pump or OutputPump(socket.gethostname())
         self._lock = threading.Lock()
-        self._ranks: list[OwnedProcess] = []
+        self._ranks: list[Rank] = []
         # The signal every rank has been sent (a stop), also sent to later arrivals.
         self._sent: int | None = None
         self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -99,45 +116,61 @@ class RankRegistry:
         pid, _uid, _gid = _PEERCRED.unpack(
             connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
         )
-        rank = OwnedProcess.of(pid)
+        message, fds, _flags, _address = socket.recv_fds(
+            connection, _LABEL_BYTES, _REGISTRATION_FDS
+        )
+        label = message.decode("utf-8", "replace").strip() or f"pid {pid}"
+        process = OwnedProcess.of(pid)
+        output = None
+        if len(fds) == _REGISTRATION_FDS:
+            output = self.pump.add(fds[0], label, pid=pid, beats_fd=fds[1])
+        else:
+            for fd in fds:
+                os.close(fd)
         with self._lock:
-            self._ranks.append(rank)
+            self._ranks.append(Rank(process, output))
             sent = self._sent
             count = len(self._ranks)
-        log.info("rank process %d registered (%d on this host)", pid, count)
+        log.info("%s (process %d) registered (%d on this host)", label, pid, count)
         connection.sendall(REGISTERED)
         if sent is not None:
             # It started after the stop: it gets the signal the others got.
-            rank.send(sent)
+            process.send(sent)
 
     @property
     def pids(self) -> list[int]:
         with self._lock:
-            return [rank.pid for rank in self._ranks]
+            return [rank.process.pid for rank in self._ranks]
+
+    def live_ranks(self) -> list[Rank]:
+        """The registered ranks that have not ended yet."""
+        with self._lock:
+            return self._live_locked()
+
+    def _live_locked(self) -> list[Rank]:
+        return [rank for rank in self._ranks if not rank.process.exited()]
 
     def send(self, signum: int) -> int:
         """Signal every rank (and every later one); returns how many were live."""
         with self._lock:
+            # In one step: a rank registering now gets the signal from _register, once.
             self._sent = signum
-            live = [rank for rank in self._ranks if not rank.exited()]
+            live = self._live_locked()
         for rank in live:
-            rank.send(signum)
+            rank.process.send(signum)
         return len(live)
 
     def live(self) -> int:
         """How many registered ranks have not ended yet."""
-        with self._lock:
-            return sum(1 for rank in self._ranks if not rank.exited())
+        return len(self.live_ranks())
 
     def kill(self) -> None:
         """SIGKILL to every rank still alive (the teardown after the grace)."""
-        with self._lock:
-            live = [rank for rank in self._ranks if not rank.exited()]
-        for rank in live:
-            rank.send(signal.SIGKILL)
+        for rank in self.live_ranks():
+            rank.process.send(signal.SIGKILL)
 
     def close(self) -> None:
         self._server.close()
         with self._lock:
             for rank in self._ranks:
-                rank.close()
+                rank.process.close()

@@ -27,7 +27,7 @@ import logging
 import threading
 import time
 
-from entrypoint.protocol import (
+from entrypoint.channel.protocol import (
     CATALOG,
     Ack,
     Catalog,
@@ -45,7 +45,7 @@ from entrypoint.protocol import (
     Verdict,
     version_refusal,
 )
-from entrypoint.session import (
+from entrypoint.channel.session import (
     DEFAULT_TIMING,
     ChannelTiming,
     Clock,
@@ -407,6 +407,10 @@ class WorkerChannel:
     def send_stop(self) -> None:
         """Tell the master this host is stopping (it got SIGTERM)."""
         self._thread.call(lambda: self._send(Stop()))
+
+    def send(self, message: Message) -> None:
+        """A message of a feature's to the master (dropped while not connected)."""
+        self._thread.call(lambda: self._send(message))
 
     def request(self, message: Message, timeout_s: float) -> Message:
         """Ask the master; its handler's response. Raises SessionLostError (not connected, or lost

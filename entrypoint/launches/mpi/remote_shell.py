@@ -40,14 +40,7 @@ from typing import Any, Self
 
 import psutil
 
-from entrypoint.mpi.orted_command import (
-    ORTED,
-    RefusedCommandError,
-    hnp_addresses,
-    parse_orted_command,
-)
-from entrypoint.mpi.rsh_agent import NOT_RUN_EXIT_CODE
-from entrypoint.protocol import (
+from entrypoint.channel.protocol import (
     CATALOG,
     Catalog,
     Direction,
@@ -57,8 +50,15 @@ from entrypoint.protocol import (
     _exit_code,
     catalog,
 )
-from entrypoint.session import Handlers, RequestFailedError, Session, SessionLostError
-from entrypoint.unixserver import PrivateUnixServer
+from entrypoint.channel.session import Handlers, RequestFailedError, Session, SessionLostError
+from entrypoint.host.unixserver import PrivateUnixServer
+from entrypoint.launches.mpi.orted_command import (
+    ORTED,
+    RefusedCommandError,
+    hnp_addresses,
+    parse_orted_command,
+)
+from entrypoint.launches.mpi.rsh_agent import NOT_RUN_EXIT_CODE
 
 log = logging.getLogger("entrypoint")
 

@@ -1,0 +1,168 @@
+"""The stall rule's shell (stall.py is the rule): the master applies it to every host's ranks;
+each worker reports its own over the channel and writes its ranks' stacks when asked.
+
+Master: every CHECK_INTERVAL_S, the rule over its own samples and the workers' latest reports
+(aged since they came). A stall must hold for CONFIRM_S (a report interval and a little: every
+worker's next report agrees) before the master asks every host for its ranks' stacks (each host
+writes them into its own log) and fails the job with a `Stalled` line.
+Worker: a RankReport every REPORT_INTERVAL_S, and at once when a rank's output ended on an
+error line (the master's failure line quotes it); DumpStacks answered with the main threads'
+frames.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import dataclasses
+import logging
+import time
+from collections.abc import Callable
+
+from entrypoint.channel.protocol import (
+    REPORT_INTERVAL_S,
+    DumpStacks,
+    Message,
+    RankReport,
+    StacksDumped,
+)
+from entrypoint.channel.session import Handlers, Session
+from entrypoint.host.activity import HostWatch
+from entrypoint.stall import Frame, Stall, find_stall, stall_message
+from smcommon.failure import Failure, Reason
+
+log = logging.getLogger("entrypoint")
+
+CHECK_INTERVAL_S = 1.0
+CONFIRM_S = REPORT_INTERVAL_S + 1.0
+# How long the master waits for the workers' stacks (py-spy on every rank, in parallel per host).
+STACKS_TIMEOUT_S = 30.0
+STALLED_WHY = "the job stalled"
+GRACE_WHY = "still running when the stop's grace ran out"
+
+# The master's channel: ask a worker (MasterChannel.request).
+Ask = Callable[[str, Message, float], Message]
+
+
+class MasterStalls:
+    """The master's side: the rule over the job, then the stacks and the failure."""
+
+    def __init__(
+        self,
+        watch: HostWatch,
+        timeout_s: float,
+        *,
+        workers: tuple[str, ...] = (),
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.watch = watch
+        self._timeout_s = timeout_s
+        self._workers = workers
+        self._ask: Ask | None = None
+        self._wall = wall
+        self._next_check = 0.0
+        self._since: float | None = None
+
+    def handlers(self) -> Handlers:
+        return {RankReport: self._on_report}
+
+    def attach(self, ask: Ask) -> None:
+        """The channel is open: the workers can be asked for their stacks."""
+        self._ask = ask
+
+    def _on_report(self, session: Session, report: RankReport) -> None:
+        samples = tuple(dataclasses.replace(sample, host=session.peer) for sample in report.samples)
+        self.watch.on_report(session.peer, samples, report.errors)
+
+    def check(self, now: float) -> Failure | None:
+        """The job's failure once it has stalled (confirmed), else None."""
+        if self._timeout_s <= 0 or now < self._next_check:
+            return None
+        self._next_check = now + CHECK_INTERVAL_S
+        if not self.watch.reported(self._workers):
+            return None
+        stall = find_stall(self.watch.job_samples(), self._timeout_s)
+        if stall is None:
+            self._since = None
+            return None
+        if self._since is None:
+            self._since = now
+            log.warning(
+                "no rank wrote output for %.0f s and %s stopped progressing: confirming",
+                stall.quiet_s,
+                ", ".join(sample.name for sample in stall.stuck),
+            )
+        if now - self._since < CONFIRM_S:
+            return None
+        return self._fail(stall)
+
+    def _fail(self, stall: Stall) -> Failure:
+        log.error("the job stalled: writing every rank's stack into each host's log")
+        stacks = dict(self.watch.dump_stacks(STALLED_WHY))
+        stacks.update(self._workers_stacks(STALLED_WHY))
+        message = stall_message(stall, stacks, self._wall(), self._timeout_s)
+        return Failure(Reason.STALLED, message)
+
+    def _workers_stacks(self, why: str) -> dict[str, tuple[Frame, ...]]:
+        ask = self._ask
+        if ask is None or not self._workers:
+            return {}
+        found: dict[str, tuple[Frame, ...]] = {}
+        with concurrent.futures.ThreadPoolExecutor(min(len(self._workers), 32)) as pool:
+            answers = {
+                host: pool.submit(ask, host, DumpStacks(why), STACKS_TIMEOUT_S)
+                for host in self._workers
+            }
+            for host, answer in answers.items():
+                try:
+                    response = answer.result()
+                except Exception as error:  # noqa: BLE001 - a host that cannot answer is named
+                    log.warning("no stacks from %s: %s", host, error)
+                    continue
+                if isinstance(response, StacksDumped):
+                    found.update(response.stacks)
+        return found
+
+    def grace_expired(self) -> None:
+        """Ranks still alive when the stop's grace ran out: every host writes their stacks."""
+        self.watch.dump_stacks(GRACE_WHY)
+        self._workers_stacks(GRACE_WHY)
+
+
+class WorkerStalls:
+    """A worker's side: its reports, and its stacks on the master's request."""
+
+    def __init__(self, watch: HostWatch) -> None:
+        self.watch = watch
+        self._send: Callable[[Message], None] | None = None
+        self._next_report = 0.0
+
+    def attach(self, send: Callable[[Message], None]) -> None:
+        """The channel to the master (a message sent while unconnected is dropped)."""
+        self._send = send
+
+    def handlers(self) -> Handlers:
+        return {DumpStacks: self._on_dump_stacks}
+
+    def _on_dump_stacks(self, _session: Session, request: DumpStacks) -> asyncio.Future[Message]:
+        def dump() -> Message:
+            return StacksDumped(tuple(self.watch.dump_stacks(request.why).items()))
+
+        return asyncio.get_running_loop().run_in_executor(None, dump)
+
+    def tick(self, now: float) -> None:
+        """Report when it is time, or at once when a rank's output ended on an error."""
+        if self._send is None:
+            return
+        errors = self.watch.take_unsent_errors()
+        if not errors and now < self._next_report:
+            return
+        self._next_report = now + REPORT_INTERVAL_S
+        self._send(
+            RankReport(
+                tuple(self.watch.samples()), tuple((error.label, error.line) for error in errors)
+            )
+        )
+
+    def grace_expired(self) -> None:
+        self.watch.dump_stacks(GRACE_WHY)
