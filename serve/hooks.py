@@ -29,7 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from serve.discovery import ModelError
+from serve.errors import ModelError
 
 log = logging.getLogger(__name__)
 

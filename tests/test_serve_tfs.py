@@ -22,16 +22,17 @@ import numpy as np
 import pytest
 from starlette.testclient import TestClient
 
-from serve import batching, errors, hooks, page, tfs
+from serve import batching, errors, hooks, page
 from serve.app import create_app
 from serve.batcher import Batcher, OverloadedError
 from serve.batching import Piece, run_merged
-from serve.discovery import ModelError, discover
 from serve.errors import ServeError
-from serve.model import Model, Registry, Signature, Version
 from serve.runner import Runner
 from serve.settings import Settings, settings_from_env
-from serve.tf_runner import Loaded, compose
+from serve.tensorflow import tfs
+from serve.tensorflow.discovery import ModelError, discover
+from serve.tensorflow.model import Model, Registry, Signature, Version
+from serve.tensorflow.runner import Loaded, compose
 
 F32 = tfs.TensorSpec("float32", None)
 
