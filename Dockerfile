@@ -398,7 +398,7 @@ RUN set -eux; \
     python -c 'import smdistributed.dataparallel.torch.torch_smddp, torch.distributed as d; d.init_process_group(backend="smddp"); assert d.get_backend() == "smddp"; d.destroy_process_group()'; \
 # `serve` runs the PyTorch runner here and never imports TensorFlow (there is none).
     [ "$(command -v serve)" = /opt/venv/bin/serve ]; \
-    SM_IMAGE_FLAVOR=${FLAVOR} python -c 'import sys, serve.app, serve.torch_runner; assert "tensorflow" not in sys.modules'; \
+    SM_IMAGE_FLAVOR=${FLAVOR} python -c 'import sys, serve.app, serve.torch.runner; assert "tensorflow" not in sys.modules'; \
 # sshd (mpirun between hosts) must accept its configuration; a throwaway host key proves it.
     ssh-keygen -q -t ed25519 -N '' -f /tmp/check_host_key; \
     /usr/sbin/sshd -t -o HostKey=/tmp/check_host_key; \

@@ -22,8 +22,8 @@ from botocore.validate import validate_parameters
 
 from launch.errors import LaunchError
 from launch.request import ENV_KEY_RE, ROLE_ARN_RE, model_constraint_errors
-from serve import codec
 from serve.errors import ServeError
+from serve.tensorflow import codec
 
 log = logging.getLogger(__name__)
 

@@ -1,11 +1,14 @@
-"""`docker run IMAGE serve`: the built-in model's SavedModel as a SageMaker endpoint.
+"""`docker run IMAGE serve`: a model as a SageMaker endpoint (or batch transform).
 
-Pure core: `settings` (environment -> Settings), `codec` (request bodies -> uint8 batches,
-predictions -> response bodies), `batching` (which queued requests share one model call).
-`errors` (the one error type, carrying an HTTP status).
-Shell: `model` (load + warm up), `batcher` (the asyncio loop around one model), `runner` (the
-Runner interface: what answers a model's requests, chosen once at load) and `tf_runner` (the
-SavedModel runners: TF Serving, the built-in classifier, code/inference.py hooks),
-`multimodel` (SageMaker's /models API: one runner per loaded model), `app` (Starlette routes
-shared by every runner), `main` (logging, uvicorn).
+The core, shared by every runner: `settings` (environment -> Settings), `errors` (the one
+error type, carrying an HTTP status, and the one Accept rule), `batching` (which queued
+requests share one model call), `batcher` (the asyncio loop around one model), `heap` (the
+garbage collector frozen after a load), `hooks` (the model's code/: requirements, lib,
+inference.py), `runner` (the Runner interface: what answers a model's requests, chosen once at
+load), `multimodel` (SageMaker's /models API: one runner per loaded model), `app` (Starlette
+routes shared by every runner), `page`, `logs`, `main` (checks, then uvicorn).
+
+`tensorflow/`: SavedModels (discovery, loading, TF Serving's REST rules, the built-in
+classifier's bodies, their runners). `torch/`: PyTorch models (the inference contract's hooks
+and bodies). Each is imported only where its framework is the image's.
 """

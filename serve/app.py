@@ -29,13 +29,13 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
-from serve import heap, hooks, page, tfs
-from serve.discovery import ModelError
-from serve.errors import JSON, ServeError, error_body, one_line
+from serve import heap, hooks, page
+from serve.errors import JSON, ModelError, ServeError, error_body, one_line
 from serve.logs import configure_logging
 from serve.multimodel import ModelLoader, ModelManager, parse_load_request
 from serve.runner import Incoming, Outgoing, Runner
 from serve.settings import PYTORCH, Settings, execution_parameters, settings_from_env
+from serve.tensorflow import tfs
 
 log = logging.getLogger("serve")
 
@@ -52,10 +52,10 @@ def load_model(settings: Settings) -> Runner:
     """The default loader: the runner is chosen here, once, from the image's framework and what
     the folder holds. Its framework is imported only here, after the choice."""
     if settings.framework == PYTORCH:
-        from serve import torch_runner  # noqa: PLC0415
+        from serve.torch import runner as torch_runner  # noqa: PLC0415
 
         return torch_runner.load(settings)
-    from serve.tf_runner import compose, load_archive  # noqa: PLC0415
+    from serve.tensorflow.runner import compose, load_archive  # noqa: PLC0415
 
     return compose(load_archive(settings.model_dir, settings.default_model), settings)
 
@@ -65,7 +65,7 @@ def model_loader(settings: Settings) -> ModelLoader:
     the universal one (hooks.model_code_dir; main.py installed that one's requirements)."""
 
     def load(name: str, folder: Path) -> Runner:
-        from serve.tf_runner import compose, load_archive  # noqa: PLC0415
+        from serve.tensorflow.runner import compose, load_archive  # noqa: PLC0415
 
         code = hooks.model_code_dir(name, folder, settings.models_dir)
         if code is not None and code != settings.code_dir:

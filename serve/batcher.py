@@ -128,9 +128,6 @@ class Batcher:
         """The result of every piece of one request, in request order."""
         return list(await asyncio.gather(*futures))
 
-    async def predict(self, pieces: list[Piece]) -> list[Any]:
-        return await self.collect(self.submit(pieces))
-
     async def _next_batch(self) -> list[_Waiting]:
         while True:
             while not self._waiting:

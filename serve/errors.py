@@ -13,6 +13,10 @@ JSONLINES = "application/jsonlines"
 _STATUS_PREFIX = {400: "Invalid argument", 404: "Not found", 501: "Unimplemented"}
 
 
+class ModelError(Exception):
+    """A model folder the server cannot serve (any runner's); one line naming the file."""
+
+
 class ServeError(Exception):
     """A request (or a load) the server refuses: `status` is the HTTP status, the message one
     line. Every runner, codec and route raises this one type; the app turns it into
@@ -65,6 +69,11 @@ def error_body(message: str) -> bytes:
     return json.dumps({"error": message}).encode()
 
 
+# TensorFlow's messages can run to pages (a whole graph); one line stays readable.
+ONE_LINE_MAX = 1000
+
+
 def one_line(exc: BaseException) -> str:
-    """'TypeName: message' on one line (for errors that are not ServeError)."""
-    return " ".join(f"{type(exc).__name__}: {exc}".split())
+    """'TypeName: message' on one line, at most ONE_LINE_MAX characters (for errors that are
+    not ServeError): every runner's and the app's, one rule."""
+    return " ".join(f"{type(exc).__name__}: {exc}".split())[:ONE_LINE_MAX]

@@ -19,10 +19,11 @@ from collections.abc import Sequence
 
 import uvicorn
 
-from serve import hooks, torch_io
+from serve import hooks
 from serve.logs import configure_logging
-from serve.model import Archive, ModelError, scan
 from serve.settings import PYTORCH, Settings, SettingsError, settings_from_env
+from serve.tensorflow.model import Archive, ModelError, scan
+from serve.torch import codec as torch_codec
 
 log = logging.getLogger("serve")
 
@@ -45,7 +46,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             hooks.install_requirements(settings.models_dir, settings.code_dir)
             described = "a multi-model endpoint (no model until POST /models)"
         elif settings.framework == PYTORCH:
-            torch_io.check_model_dir(settings.model_dir, settings.code_dir / settings.program)
+            torch_codec.check_model_dir(settings.model_dir, settings.code_dir / settings.program)
             # code/requirements.txt before any worker imports the user's script.
             hooks.install_requirements(settings.model_dir, settings.code_dir)
             described = f"a PyTorch model from {settings.model_dir}"

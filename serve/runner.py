@@ -4,9 +4,9 @@ The server (app.py: routes, /ping readiness, SIGTERM drain, the page, settings) 
 every kind of model; what differs is composed at load into one Runner:
 
     TensorflowRunner   any SavedModel: TF Serving's REST semantics, or the built-in image
-                       classifier's labels for a model with classes.json (tf_runner.py)
+                       classifier's labels for a model with classes.json (tensorflow/runner.py)
     HooksRunner        code/inference.py's handler / input_handler + output_handler around a
-                       TensorflowRunner (tf_runner.py)
+                       TensorflowRunner (tensorflow/runner.py)
 
 A runner for another framework is one more class with these methods, and one more branch in
 app.py's loader; its framework is imported only when that branch is taken.

@@ -13,10 +13,10 @@ import numpy as np
 from starlette.applications import Starlette
 
 from serve import app, heap
-from serve.model import Model, Registry, Version
 from serve.runner import Runner
 from serve.settings import Settings
-from serve.tf_runner import Loaded, compose
+from serve.tensorflow.model import Model, Registry, Version
+from serve.tensorflow.runner import Loaded, compose
 
 HEAP_OBJECTS = 300_000
 CLASSES = ("dark", "light")

@@ -18,10 +18,10 @@ from PIL import Image
 from starlette.testclient import TestClient
 
 from serve.app import create_app
-from serve.model import Model, Registry, Version
 from serve.runner import Runner
 from serve.settings import Settings
-from serve.tf_runner import Loaded, compose
+from serve.tensorflow.model import Model, Registry, Version
+from serve.tensorflow.runner import Loaded, compose
 
 CLASSES = ("dark", "light")
 

@@ -15,10 +15,10 @@ from starlette.testclient import TestClient
 from serve import hooks, multimodel
 from serve.app import create_app
 from serve.errors import ServeError
-from serve.model import Model, Registry, Version
 from serve.runner import Runner
 from serve.settings import Settings, settings_from_env
-from serve.tf_runner import Loaded, compose
+from serve.tensorflow.model import Model, Registry, Version
+from serve.tensorflow.runner import Loaded, compose
 from tests.test_serve_tfs import F32, _signature
 
 JSON_CT = {"content-type": "application/json"}

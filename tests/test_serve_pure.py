@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from serve import batching, codec
+from serve import batching
 from serve.errors import ServeError
-from serve.model import ModelError, parse_classes, scan
 from serve.settings import Settings, SettingsError, execution_parameters, settings_from_env
+from serve.tensorflow import codec
+from serve.tensorflow.model import ModelError, parse_classes, scan
 
 
 def png(pixels: np.ndarray, fmt: str = "PNG") -> bytes:

@@ -1,4 +1,4 @@
-"""SageMaker's PyTorch inference contract, the pure part (serve/torch_io.py): decoding and
+"""SageMaker's PyTorch inference contract, the pure part (serve/torch/codec.py): decoding and
 encoding as the toolkit's default handler does, Accept, the default model file, the hooks'
 arities, and the one-line refusals with the 4xx status this server chose."""
 
@@ -10,10 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from serve import torch_io
-from serve.discovery import ModelError
 from serve.errors import ServeError
 from serve.settings import PYTORCH, TENSORFLOW, SettingsError, settings_from_env
+from serve.tensorflow.discovery import ModelError
+from serve.torch import codec as torch_io
 
 
 def npy(array: np.ndarray) -> bytes:

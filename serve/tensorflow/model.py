@@ -21,10 +21,17 @@ from typing import Any
 
 import numpy as np
 
-from serve import tfs
 from serve.batching import run_merged, split_rows
-from serve.discovery import LABELS_FILE, SAVED_MODEL, Catalog, ModelEntry, ModelError, discover
-from serve.errors import ServeError
+from serve.errors import ServeError, one_line
+from serve.tensorflow import tfs
+from serve.tensorflow.discovery import (
+    LABELS_FILE,
+    SAVED_MODEL,
+    Catalog,
+    ModelEntry,
+    ModelError,
+    discover,
+)
 
 __all__ = ["ModelError", "Registry", "load_registry", "scan"]
 
@@ -161,10 +168,6 @@ def _method_names(version_dir: Path) -> dict[str, str]:
     return {name: d.method_name for name, d in proto.meta_graphs[0].signature_def.items()}
 
 
-def _one_line(exc: BaseException) -> str:
-    return " ".join(f"{type(exc).__name__}: {exc}".split())[:1000]
-
-
 def _signature(function: Any, method: str) -> Signature:
     import tensorflow as tf  # noqa: PLC0415
 
@@ -181,7 +184,7 @@ def _signature(function: Any, method: str) -> Signature:
             results = function(**arguments)
         except (ValueError, TypeError, tf.errors.InvalidArgumentError) as exc:
             # A shape or dtype the signature refuses: the request's fault.
-            raise ServeError(400, _one_line(exc)) from None
+            raise ServeError(400, one_line(exc)) from None
         return {name: value.numpy() for name, value in results.items()}
 
     return Signature(spec, call)
@@ -203,7 +206,7 @@ def _warm_up(model: str, version: int, signature: Signature) -> None:
     try:
         signature.call(zeros)
     except Exception as exc:  # noqa: BLE001  (a warm-up is a courtesy; requests will tell)
-        log.info("warm-up of %s version %d skipped: %s", model, version, _one_line(exc))
+        log.info("warm-up of %s version %d skipped: %s", model, version, one_line(exc))
 
 
 def _load_version(root: Path, entry: ModelEntry, number: int, folder: str) -> Version:
@@ -214,7 +217,7 @@ def _load_version(root: Path, entry: ModelEntry, number: int, folder: str) -> Ve
         loaded: Any = tf.saved_model.load(str(path))
         methods = _method_names(path)
     except Exception as exc:  # noqa: BLE001  (TensorFlow raises many types)
-        raise ModelError(f"cannot load {path}: {_one_line(exc)}") from None
+        raise ModelError(f"cannot load {path}: {one_line(exc)}") from None
     signatures = {
         name: _signature(function, methods.get(name, ""))
         for name, function in loaded.signatures.items()

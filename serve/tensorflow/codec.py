@@ -25,10 +25,10 @@ from typing import Any
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from serve import tfs
 from serve.batching import Piece
 from serve.errors import JSON, JSONLINES, ServeError, media_type
-from serve.tfs import json_document_text
+from serve.tensorflow import tfs
+from serve.tensorflow.tfs import json_document_text
 
 IMAGE_TYPES = frozenset(
     ("image/png", "image/jpeg", "application/x-image", "application/octet-stream")

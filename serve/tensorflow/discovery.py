@@ -19,14 +19,12 @@ import dataclasses
 from collections.abc import Iterable
 from pathlib import PurePosixPath
 
+from serve.errors import ModelError
+
 SAVED_MODEL = "saved_model.pb"
 DEFAULT_MODEL_VARIABLE = "SAGEMAKER_TFS_DEFAULT_MODEL_NAME"
 # A model's own folder may hold labels for its outputs (the built-in classifier writes them).
 LABELS_FILE = "classes.json"
-
-
-class ModelError(Exception):
-    """A model folder the server cannot serve; one line naming the file."""
 
 
 @dataclasses.dataclass(frozen=True)

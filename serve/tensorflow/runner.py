@@ -1,5 +1,5 @@
-"""The runners for SavedModels (TensorFlow is imported by serve.model's loading functions only,
-so importing this module costs nothing on an image without TensorFlow).
+"""The runners for SavedModels (TensorFlow is imported by serve.tensorflow.model's loading
+functions only, so importing this module costs nothing on an image without TensorFlow).
 
 `TensorflowRunner` answers each model of an archive the way it was composed at load: a model
 with classes.json (the built-in classifier) answers images with labels (`codec`); every other
@@ -21,13 +21,14 @@ import anyio.from_thread
 import anyio.to_thread
 import numpy as np
 
-from serve import codec, hooks, tfs
+from serve import hooks
 from serve.batcher import Batcher
 from serve.batching import Piece, cut_rows, join_rows, rows_per_call
 from serve.errors import JSON, ServeError, error_body, media_type, requested_accept
-from serve.model import Model, Registry, Version, load_registry, scan, serialize_examples
 from serve.runner import CUSTOM_ATTRIBUTES, Incoming, ModelInfo, Outgoing, Runner, off_loop
 from serve.settings import Settings
+from serve.tensorflow import codec, tfs
+from serve.tensorflow.model import Model, Registry, Version, load_registry, scan, serialize_examples
 
 log = logging.getLogger("serve")
 

@@ -31,8 +31,7 @@ from typing import Any
 import numpy as np
 
 from serve import errors
-from serve.discovery import ModelError
-from serve.errors import ServeError, media_type
+from serve.errors import ModelError, ServeError, media_type
 
 JSON = "application/json"
 CSV = "text/csv"

@@ -1,13 +1,14 @@
-"""The PyTorch model runner: SageMaker's PyTorch inference contract (serve/torch_io.py has its
+"""The PyTorch model runner: SageMaker's PyTorch inference contract (codec.py has its
 pure part and the reference) on torch, in the torch image only (this module imports torch;
 nothing in the TensorFlow images imports it).
 
-One TorchRunner per worker process, made after the fork (app.py's loader): code/lib first on
-the import path, code/inference.py imported, model_fn (or the default TorchScript load) run once
-(`serve` installed code/requirements.txt before any worker started). `PytorchRunner.invoke`
-then does one request in a worker thread: input_fn, predict_fn, output_fn (or transform_fn),
-each the user's or the default. The server around it (routes, /ping, drain, page, settings) is
-the TensorFlow images' own (app.py).
+One LoadedModel (the user's script and its model; not a Runner: PytorchRunner is) per worker
+process, made after the fork (app.py's loader): code/lib first on the import path,
+code/inference.py imported, model_fn (or the default TorchScript load) run once (`serve`
+installed code/requirements.txt before any worker started). `PytorchRunner.invoke` then does one
+request in a worker thread: input_fn, predict_fn, output_fn (or transform_fn), each the user's
+or the default. The server around it (routes, /ping, drain, page, settings) is the TensorFlow
+images' own (app.py).
 """
 
 from __future__ import annotations
@@ -27,11 +28,10 @@ import anyio.to_thread
 import numpy as np
 import torch
 
-from serve import torch_io
-from serve.discovery import ModelError
-from serve.errors import ServeError, media_type, requested_accept
+from serve.errors import ModelError, ServeError, media_type, one_line, requested_accept
 from serve.runner import Incoming, ModelInfo, Outgoing, Runner
 from serve.settings import Settings
+from serve.torch import codec
 
 log = logging.getLogger(__name__)
 
@@ -44,10 +44,6 @@ class Context:
     model_name: str
     system_properties: Mapping[str, Any]
     request_headers: Mapping[str, str] = dataclasses.field(default_factory=dict)
-
-
-def _one_line(error: BaseException) -> str:
-    return " ".join(f"{type(error).__name__}: {error}".split())
 
 
 def device() -> torch.device:
@@ -69,13 +65,13 @@ def import_script(script: Path) -> ModuleType | None:
         spec.loader.exec_module(module)
     except BaseException as exc:  # noqa: BLE001  (the user's module: even SystemExit stops the start)
         sys.modules.pop(name, None)
-        raise ModelError(f"{script}: {_one_line(exc)}") from None
+        raise ModelError(f"{script}: {one_line(exc)}") from None
     return module
 
 
 def default_model_fn(model_dir: Path) -> Any:
     """model.pt, else the only .pt/.pth file, loaded as TorchScript in eval mode."""
-    name = torch_io.choose_model_file(os.listdir(model_dir))
+    name = codec.choose_model_file(os.listdir(model_dir))
     path = model_dir / name
     try:
         model = torch.jit.load(str(path), map_location=device())
@@ -89,7 +85,7 @@ def default_model_fn(model_dir: Path) -> Any:
 
 def default_input_fn(body: Any, content_type: str | None) -> torch.Tensor:
     raw = body.encode("utf-8") if isinstance(body, str) else body
-    array = torch_io.decode(raw, content_type)
+    array = codec.decode(raw, content_type)
     return torch.from_numpy(np.ascontiguousarray(array)).to(device())
 
 
@@ -112,17 +108,17 @@ def _to_numpy(prediction: Any) -> Any:
 
 def default_output_fn(prediction: Any, accept: str) -> tuple[bytes, str]:
     # The accept the request resolved (*/* already the default); its first type we write.
-    kind = torch_io.choose_accept(accept, torch_io.JSON)
+    kind = codec.choose_accept(accept, codec.JSON)
     value = _to_numpy(prediction)
-    if isinstance(value, list) and kind != torch_io.JSON:
+    if isinstance(value, list) and kind != codec.JSON:
         value = np.asarray(value)
     elif isinstance(value, list):
         value = [item.tolist() if isinstance(item, np.ndarray) else item for item in value]
-    return torch_io.encode(value, kind), kind
+    return codec.encode(value, kind), kind
 
 
 @dataclasses.dataclass
-class TorchRunner:
+class LoadedModel:
     """The loaded model and its hooks, for one worker process."""
 
     model: Any
@@ -144,7 +140,7 @@ class TorchRunner:
         except ServeError:
             raise
         except Exception as exc:  # the user's hook: a 500 naming it
-            raise ServeError(500, f"{name} raised {_one_line(exc)}") from exc
+            raise ServeError(500, f"{name} raised {one_line(exc)}") from exc
 
     def invoke(
         self, body: bytes, content_type: str | None, accept: str | None, default_accept: str
@@ -153,7 +149,7 @@ class TorchRunner:
         errors the defaults find, 500 for the user's hook raising (one line naming it)."""
         accept = requested_accept(accept, default_accept)
         data: Any = body
-        if media_type(content_type) in torch_io.TEXT_TYPES:
+        if media_type(content_type) in codec.TEXT_TYPES:
             try:
                 data = body.decode("utf-8")
             except UnicodeDecodeError as exc:
@@ -166,22 +162,22 @@ class TorchRunner:
             decoded = self._call("input_fn", self.input_fn, data, content_type)
             prediction = self._call("predict_fn", self.predict_fn, decoded, self.model)
             result = self._call("output_fn", self.output_fn, prediction, accept)
-        return torch_io.as_response(result, accept)
+        return codec.as_response(result, accept)
 
 
-def load_runner(model_dir: Path, script: Path, model_name: str = "model") -> TorchRunner:
+def load_model(model_dir: Path, script: Path, model_name: str = "model") -> LoadedModel:
     """Everything a worker does once: the user's script imported, model_fn run (its folder's
     lib/ is on the import path already: app.py)."""
     module = import_script(script)
     where = str(script)
     user = {
         name: getattr(module, name)
-        for name in torch_io.HOOK_NAMES
+        for name in codec.HOOK_NAMES
         if module is not None and callable(getattr(module, name, None))
     }
-    torch_io.check_hooks(tuple(user), where)
+    codec.check_hooks(tuple(user), where)
     with_context = frozenset(
-        name for name, function in user.items() if torch_io.takes_context(function, name, where)
+        name for name, function in user.items() if codec.takes_context(function, name, where)
     )
     gpu = torch.cuda.current_device() if torch.cuda.is_available() else None
     context = Context(
@@ -199,9 +195,9 @@ def load_runner(model_dir: Path, script: Path, model_name: str = "model") -> Tor
         try:
             model = model_fn(*args)
         except Exception as exc:  # noqa: BLE001  (the user's model_fn: any error stops the start)
-            raise ModelError(f"{where}: model_fn raised {_one_line(exc)}") from None
+            raise ModelError(f"{where}: model_fn raised {one_line(exc)}") from None
         log.info("loaded %s with %s's model_fn", model_dir, script.name)
-    return TorchRunner(
+    return LoadedModel(
         model=model,
         context=context,
         model_fn=model_fn,
@@ -215,10 +211,10 @@ def load_runner(model_dir: Path, script: Path, model_name: str = "model") -> Tor
 
 
 class PytorchRunner:
-    """The Runner (runner.py) for a PyTorch model: one model, answered by TorchRunner in a
+    """The Runner (runner.py) for a PyTorch model: one model, answered by LoadedModel in a
     worker thread (torch releases the GIL while it computes)."""
 
-    def __init__(self, loaded: TorchRunner, settings: Settings, model_name: str) -> None:
+    def __init__(self, loaded: LoadedModel, settings: Settings, model_name: str) -> None:
         self.loaded = loaded
         self.settings = settings
         self._models = (ModelInfo(model_name, (1,)),)
@@ -231,7 +227,7 @@ class PytorchRunner:
     def summary(self) -> str:
         hooks_used = sorted(
             name
-            for name in torch_io.HOOK_NAMES
+            for name in codec.HOOK_NAMES
             if getattr(self.loaded, name, None) not in (None, *_DEFAULTS)
         )
         described = f"{self.loaded.script} {', '.join(hooks_used)}" if hooks_used else "defaults"
@@ -268,6 +264,6 @@ _DEFAULTS = (default_input_fn, default_predict_fn, default_output_fn)
 def load(settings: Settings) -> Runner:
     """app.py's loader for the PyTorch images."""
     script = settings.code_dir / settings.program
-    torch_io.check_model_dir(settings.model_dir, script)
+    codec.check_model_dir(settings.model_dir, script)
     name = settings.model_dir.name or "model"
-    return PytorchRunner(load_runner(settings.model_dir, script, name), settings, name)
+    return PytorchRunner(load_model(settings.model_dir, script, name), settings, name)
