@@ -205,6 +205,19 @@ def test_v3_driver_trains_with_world_size_two(sdk3_python, image, job_root, driv
         assert f"{tag} rank={rank} size=2 sum=3 host={host}" in output, output[-6000:]
 
 
+def test_v3_command_runs_once_per_host_under_the_entry_point(sdk3_python, image, job_root):
+    """SourceCode(command=...) other than `train`: v3's own sm_train.sh (its environment, its
+    `cd`, its eval of the command) once per host, as the entry point's per-host program."""
+    _, output = run_job(
+        sdk3_python, image, job_root, "--instance-count", "2", f"--source-dir={SDK3_PROGRAMS}",
+        "--command=python ranks.py --seconds 0",
+    )  # fmt: skip
+    assert output.count(HOOK_LOG) == 2, output[-6000:]
+    assert "running 2 ranks on 2 hosts: /bin/bash -c" in output, output[-6000:]
+    for host in ("algo-1", "algo-2"):
+        assert f"READY rank=? host={host}" in output, output[-6000:]
+
+
 @dataclasses.dataclass
 class IndependentHosts:
     """v3's compose services, each started as its own container on a network of the test's:
