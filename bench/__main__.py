@@ -304,12 +304,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt as interrupt:
         log.error("interrupted (%s); containers, networks and scratch files removed", interrupt)
         return 130
+    took_s = results.duration_s  # this run's, not the merged file's
     if settings.only:
         results = merge_into(settings.out / "results.json", results, settings.only)
     paths = write_report(results, settings.out)
-    log.info(
-        "took %.1f min; wrote %s", results.duration_s / 60, ", ".join(map(str, paths.values()))
-    )
+    log.info("took %.1f min; wrote %s", took_s / 60, ", ".join(map(str, paths.values())))
     print(paths["markdown"].read_text())
     return 0
 

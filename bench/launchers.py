@@ -32,7 +32,7 @@ LAUNCH_START = "launch-start"
 LAUNCH_END = "launch-end"
 # The transport flags our entry point gives mpirun (entrypoint/plan.py), forwarding PATH only.
 FLOOR_MPIRUN_FLAGS = (
-    "--allow-run-as-root", "--tag-output",
+    "--allow-run-as-root",
     "-bind-to", "none", "-map-by", "slot",
     "-mca", "pml", "ob1", "-mca", "btl", "^openib",
     "-mca", "btl_tcp_if_include", "eth0", "-mca", "oob_tcp_if_include", "eth0",

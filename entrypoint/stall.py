@@ -132,6 +132,17 @@ def _clock_time(wall: float) -> str:
     return time.strftime("%H:%M:%S UTC", time.gmtime(wall))
 
 
+def culprits(stall: Stall, stacks: Mapping[str, Sequence[Frame]]) -> list[RankSample]:
+    """The stuck ranks to name: those not waiting in a collective (a stopped rank always);
+    when every one of them waits in a collective, none looks like the cause: all of them."""
+    named = [
+        sample
+        for sample in stall.stuck
+        if sample.stopped or not in_collective(stacks.get(sample.name, ()))
+    ]
+    return named or list(stall.stuck)
+
+
 def stall_message(
     stall: Stall,
     stacks: Mapping[str, Sequence[Frame]],
@@ -141,17 +152,11 @@ def stall_message(
     """The failure's message: how long nothing was written, the ranks that stopped (since when,
     where), what the others were doing. `stacks` maps a rank's name (host and label) to its
     main-thread frames, where the host could read them."""
-    culprits = [
-        sample
-        for sample in stall.stuck
-        if sample.stopped or not in_collective(stacks.get(sample.name, ()))
-    ]
-    # Every idle rank waits in a collective: none looks like the cause, so name them all.
-    named = culprits or list(stall.stuck)
+    named = culprits(stall, stacks)
     parts = []
     for sample in named:
         since = _clock_time(now_wall - sample.idle_s)
-        state = "frozen (stopped)" if sample.stopped else "idle"
+        state = "stopped" if sample.stopped else "idle"
         frames = stacks.get(sample.name)
         where = f", in {user_frame(frames)}" if frames else ""
         parts.append(f"{sample.name} ({state} since {since}{where})")

@@ -28,7 +28,7 @@ from entrypoint.channel.protocol import (
 )
 from entrypoint.channel.session import Handlers, Session
 from entrypoint.host.activity import HostWatch
-from entrypoint.stall import Frame, Stall, find_stall, stall_message
+from entrypoint.stall import Frame, Stall, culprits, find_stall, stall_message
 from smcommon.failure import Failure, Reason
 
 log = logging.getLogger("entrypoint")
@@ -101,7 +101,8 @@ class MasterStalls:
         stacks = dict(self.watch.dump_stacks(STALLED_WHY))
         stacks.update(self._workers_stacks(STALLED_WHY))
         message = stall_message(stall, stacks, self._wall(), self._timeout_s)
-        return Failure(Reason.STALLED, message)
+        # "(on <host>)": the first named rank's host, as for a rank's own failure.
+        return Failure(Reason.STALLED, message, culprits(stall, stacks)[0].host)
 
     def _workers_stacks(self, why: str) -> dict[str, tuple[Frame, ...]]:
         ask = self._ask

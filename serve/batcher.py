@@ -125,7 +125,10 @@ class Batcher:
 
     @staticmethod
     async def collect(futures: list[asyncio.Future[Any]]) -> list[Any]:
-        """The result of every piece of one request, in request order."""
+        """The result of every piece of one request, in request order (one piece, the usual
+        case, is awaited directly: gather would wrap it in one more future)."""
+        if len(futures) == 1:
+            return [await futures[0]]
         return list(await asyncio.gather(*futures))
 
     async def _next_batch(self) -> list[_Waiting]:
@@ -151,9 +154,8 @@ class Batcher:
             self._wakeup.clear()
             # More pieces may arrive before the delay runs out; either wakes us.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(
-                    self._wakeup.wait(), remaining_delay(waited, self._max_delay_s)
-                )
+                async with asyncio.timeout(remaining_delay(waited, self._max_delay_s)):
+                    await self._wakeup.wait()
         taken = set(chosen)
         head = [self._waiting.popleft() for _ in range(min(len(self._waiting), WINDOW))]
         self._waiting.extendleft(reversed([w for i, w in enumerate(head) if i not in taken]))

@@ -18,6 +18,7 @@ path.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import importlib.util
 import json
@@ -36,6 +37,10 @@ CODE_DIR = "code"
 SCRIPT = "inference.py"
 REQUIREMENTS = "requirements.txt"
 LIB_DIR = "lib"
+# The PyTorch/MMS serving contract, which SDK v3's ModelBuilder writes into code/inference.py for
+# an InferenceSpec or a model object (sagemaker/serve/model_server/torchserve/inference.py).
+MODEL_FN_HOOKS = ("model_fn", "input_fn", "predict_fn", "output_fn", "transform_fn")
+HOOK_NAMES = ("handler", "input_handler", "output_handler")
 
 
 class Context(NamedTuple):
@@ -139,6 +144,7 @@ def load_hooks(model_dir: Path, code: Path | None = None) -> Hooks | None:
     script = (code or code_dir(model_dir)) / SCRIPT
     if not script.is_file():
         return None
+    _refuse_model_fn_script(script)
     add_lib_to_path(model_dir, code)
     spec = importlib.util.spec_from_file_location("inference", script)
     if spec is None or spec.loader is None:
@@ -156,6 +162,28 @@ def load_hooks(model_dir: Path, code: Path | None = None) -> Hooks | None:
     if not (hooks.handler or hooks.input_handler or hooks.output_handler):
         raise ModelError(f"{script} defines none of handler, input_handler, output_handler")
     return hooks
+
+
+def _refuse_model_fn_script(script: Path) -> None:
+    """A model_fn-style script (the PyTorch contract; what SDK v3's ModelBuilder generates for an
+    InferenceSpec) is refused before it is imported (v3's imports `sagemaker.serve`, which the
+    image lacks), in one line that says what to do instead."""
+    try:
+        tree = ast.parse(script.read_bytes(), filename=str(script))
+    except (SyntaxError, ValueError):
+        return  # the import reports it, with the line
+    defined = {
+        node.name for node in tree.body if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+    }
+    model_fn_hooks = [name for name in MODEL_FN_HOOKS if name in defined]
+    if model_fn_hooks and not defined.intersection(HOOK_NAMES):
+        raise ModelError(
+            f"{script} defines {', '.join(model_fn_hooks)}: that is the PyTorch serving "
+            "contract (SDK v3's ModelBuilder writes it for an inference_spec), which this "
+            "TensorFlow image does not run; define handler or input_handler/output_handler, or "
+            "deploy the model folder without code/inference.py (ModelBuilder with no model and "
+            "no inference_spec, docs/sdk.md), or serve it on the torch image"
+        )
 
 
 def as_body(value: Any) -> bytes:

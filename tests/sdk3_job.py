@@ -66,6 +66,16 @@ def _stop_before_compose() -> None:
     local_container._LocalContainer._generate_compose_command = stop
 
 
+def _keep_drivers(trainer: object, root: Path) -> None:
+    """--write-only: v3 deletes its sm_drivers folder (a TemporaryDirectory) with the trainer;
+    copy it under root and point the compose file at the copy."""
+    temporary = trainer._temp_code_dir.name  # type: ignore[attr-defined]
+    kept = root / "sm_drivers"
+    shutil.copytree(temporary, kept)
+    compose = root / "docker-compose.yaml"
+    compose.write_text(compose.read_text().replace(f"{temporary}:", f"{kept}:"))
+
+
 def _distributed(args: argparse.Namespace) -> object | None:
     """distributed=MPI(...) or Torchrun(...), as a user writes it."""
     from sagemaker.train.distributed import MPI, Torchrun  # noqa: PLC0415
@@ -110,6 +120,7 @@ def _train(args: argparse.Namespace, root: Path) -> bool:
     try:
         trainer.train(input_data_config=channels, wait=True)
     except StopBeforeComposeError:
+        _keep_drivers(trainer, root)
         return True
     except RuntimeError as error:
         print(f"sdk3_job: training failed: {error}", file=sys.stderr)

@@ -106,7 +106,11 @@ class TmpfsVolume:
         return docker_command(self.docker, "exec", self.name, "sh", "-c", script).stdout.strip()
 
     def remove(self) -> None:
-        docker_command(self.docker, "rm", "--force", self.name, check=False)
+        # Every container that mounted it (the holder, the jobs' hosts), or the volume stays.
+        users = docker_command(
+            self.docker, "ps", "--all", "--quiet", "--filter", f"volume={self.name}"
+        ).stdout.split()
+        docker_command(self.docker, "rm", "--force", self.name, *users, check=False)
         docker_command(self.docker, "volume", "rm", "--force", self.name, check=False)
 
 

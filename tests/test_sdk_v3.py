@@ -10,17 +10,24 @@ serial by nature (one module, no parallel runner).
 
 from __future__ import annotations
 
+import base64
+import dataclasses
 import json
 import os
 import re
+import secrets
 import shutil
 import subprocess
 import tarfile
+import time
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 
 import pytest
+import yaml
 
+from harness.cluster import docker_command
 from harness.digits import DIGITS_HYPERPARAMETERS, logistic_regression_accuracy
 from tests.conftest import compose_available, skip_or_fail
 
@@ -150,3 +157,262 @@ def test_users_horovod_script_on_two_hosts(sdk3_python, image, job_root, route):
     for rank, host in enumerate(["algo-1", "algo-1", "algo-2", "algo-2"]):
         assert f"ALLREDUCE rank={rank} size=4 sum=10 host={host}" in output, output[-6000:]
     assert "running 4 ranks on 2 hosts" in output
+
+
+# --------------------------------------------------------------------------------------------
+# v3's own drivers: SourceCode(entry_script=...) with distributed=MPI() or Torchrun(). v3 makes
+# `/bin/bash -c ".../sm_train.sh"` the entry point; the image's BASH_ENV hook runs `train` under
+# tini instead, which runs what v3 asked for as its own launch (entrypoint/sdk3.py).
+
+HOOK_LOG = "bash-env: SageMaker Python SDK v3's driver command as PID 1: running train under tini"
+SDK3_PROGRAMS = PROGRAMS / "sdk3"
+# The failure and stop tests' hosts run independently, as on SageMaker (v3's compose stops
+# every container once one exits): the failing host's last container exit to the others'.
+FAIL_FAST_S = 30.0
+RANK_GRACE_S = 3.0
+
+
+def torch_image_name() -> str:
+    return os.environ.get("SM_TORCH_IMAGE", "sm-horovod:torch-cpu")
+
+
+DRIVERS = {
+    "mpi": pytest.param("mpi", id="MPI-tf"),
+    "torchrun": pytest.param(
+        "torchrun", id="Torchrun-torch", marks=pytest.mark.docker(image=torch_image_name())
+    ),
+}
+
+
+def driver_image(driver: str, image: str) -> str:
+    """MPI() on the TensorFlow image (Horovod), Torchrun() on the torch image."""
+    return image if driver == "mpi" else torch_image_name()
+
+
+@pytest.mark.parametrize("driver", DRIVERS.values())
+def test_v3_driver_trains_with_world_size_two(sdk3_python, image, job_root, driver):
+    """The user's script through v3's driver, on 2 hosts, 1 rank each: world size 2."""
+    script = "allreduce.py" if driver == "mpi" else "torch_allreduce.py"
+    _, output = run_job(
+        sdk3_python, driver_image(driver, image), job_root, "--instance-count", "2",
+        f"--source-dir={PROGRAMS}", f"--entry-script={script}", f"--distributed={driver}",
+        "--process-count", "1",
+    )  # fmt: skip
+    assert output.count(HOOK_LOG) == 2, output[-6000:]
+    assert "running 2 ranks on 2 hosts" in output
+    tag = "ALLREDUCE" if driver == "mpi" else "TORCH"
+    for rank, host in enumerate(["algo-1", "algo-2"]):
+        assert f"{tag} rank={rank} size=2 sum=3 host={host}" in output, output[-6000:]
+
+
+def test_v3_command_runs_once_per_host_under_the_entry_point(sdk3_python, image, job_root):
+    """SourceCode(command=...) other than `train`: v3's own sm_train.sh (its environment, its
+    `cd`, its eval of the command) once per host, as the entry point's per-host program."""
+    _, output = run_job(
+        sdk3_python, image, job_root, "--instance-count", "2", f"--source-dir={SDK3_PROGRAMS}",
+        "--command=python ranks.py --seconds 0",
+    )  # fmt: skip
+    assert output.count(HOOK_LOG) == 2, output[-6000:]
+    assert "running 2 ranks on 2 hosts: /bin/bash -c" in output, output[-6000:]
+    for host in ("algo-1", "algo-2"):
+        assert f"READY rank=? host={host}" in output, output[-6000:]
+
+
+@dataclasses.dataclass
+class IndependentHosts:
+    """v3's compose services, each started as its own container on a network of the test's:
+    a host ends when its own entry point ends, not when compose stops the others."""
+
+    docker: str
+    prefix: str
+    containers: dict[str, str] = dataclasses.field(default_factory=dict)
+
+    def start(self, compose_file: Path) -> None:
+        compose = yaml.safe_load(compose_file.read_text())
+        network = f"{self.prefix}-net"
+        docker_command(self.docker, "network", "create", network)
+        for host, service in compose["services"].items():
+            entrypoint = service["entrypoint"]
+            command = [
+                "run", "-d", "--name", f"{self.prefix}-{host}", "--network", network,
+                "--network-alias", host, "--entrypoint", entrypoint[0],
+            ]  # fmt: skip
+            for variable in service.get("environment", []):
+                command += ["-e", variable]
+            for volume in service["volumes"]:
+                command += ["-v", volume]
+            docker_command(self.docker, *command, service["image"], *entrypoint[1:])
+            self.containers[host] = f"{self.prefix}-{host}"
+
+    def logs(self) -> str:
+        return "".join(
+            docker_command(self.docker, "logs", name, check=False).stdout
+            + docker_command(self.docker, "logs", name, check=False).stderr
+            for name in self.containers.values()
+        )
+
+    def state(self, host: str) -> dict:
+        result = docker_command(
+            self.docker, "inspect", "-f", "{{json .State}}", self.containers[host]
+        )
+        return json.loads(result.stdout)
+
+    def wait_exited(self, timeout_s: float) -> dict[str, dict]:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            states = {host: self.state(host) for host in self.containers}
+            if not any(state["Running"] for state in states.values()):
+                return states
+            time.sleep(1)
+        running = [host for host in self.containers if self.state(host)["Running"]]
+        raise AssertionError(
+            f"still running after {timeout_s:.0f} s: {running}\n{self.logs()[-6000:]}"
+        )
+
+    def remove(self) -> None:
+        for name in self.containers.values():
+            docker_command(self.docker, "rm", "-f", name, check=False)
+        docker_command(self.docker, "network", "rm", f"{self.prefix}-net", check=False)
+
+
+@pytest.fixture
+def independent_hosts(docker) -> Iterator[IndependentHosts]:
+    hosts = IndependentHosts(docker, f"smhvd-sdk3-{secrets.token_hex(3)}")
+    yield hosts
+    hosts.remove()
+
+
+def _finished_at(state: dict) -> datetime:
+    # Docker's RFC 3339 with nanoseconds; microseconds are plenty.
+    stamp = re.sub(r"(\.\d{6})\d*", r"\1", state["FinishedAt"]).replace("Z", "+00:00")
+    return datetime.fromisoformat(stamp)
+
+
+def _write_v3_job(sdk3_python, image, root, driver, hyperparameters) -> Path:
+    """What v3 writes for a 2-host job (compose file, configs, sm_drivers), without running it."""
+    run_job(
+        sdk3_python, image, root, "--instance-count", "2", "--write-only",
+        f"--source-dir={SDK3_PROGRAMS}", "--entry-script=ranks.py", f"--distributed={driver}",
+        "--process-count", "2", "--hyperparameters", json.dumps(hyperparameters),
+    )  # fmt: skip
+    return root / "docker-compose.yaml"
+
+
+@pytest.mark.parametrize("driver", DRIVERS.values())
+def test_v3_rank_failing_before_init_ends_every_host(
+    sdk3_python, image, job_root, independent_hosts, driver
+):
+    """Both ranks on algo-2 exit 1 before any collective; algo-1's wait (as in init) ends with
+    the job: every host exits non-zero within FAIL_FAST_S, each with a failure file."""
+    compose = _write_v3_job(
+        sdk3_python, driver_image(driver, image), job_root, driver, {"fail_host": "algo-2"}
+    )
+    independent_hosts.start(compose)
+    states = independent_hosts.wait_exited(timeout_s=120)
+    logs = independent_hosts.logs()
+    assert "FAILING rank=" in logs, logs[-6000:]
+    assert all(state["ExitCode"] not in (0, 137) for state in states.values()), (
+        states,
+        logs[-6000:],
+    )
+    finished = sorted(_finished_at(state) for state in states.values())
+    spread_s = (finished[-1] - finished[0]).total_seconds()
+    print(f"{driver}: the last host exited {spread_s:.1f} s after the first")  # docs/sdk.md
+    assert spread_s < FAIL_FAST_S, (states, logs[-6000:])
+    for host in ("algo-1", "algo-2"):
+        failure = (job_root / host / "output" / "failure").read_text()
+        assert "exited with code 1" in failure, (host, failure)
+
+
+@pytest.mark.parametrize("driver", DRIVERS.values())
+def test_v3_stop_gives_every_rank_its_grace(
+    sdk3_python, image, job_root, independent_hosts, driver
+):
+    """SIGTERM to every container (StopTrainingJob, a spot interruption): every rank on every
+    host gets it and its RANK_GRACE_S to checkpoint; nothing is SIGKILLed."""
+    compose = _write_v3_job(
+        sdk3_python, driver_image(driver, image), job_root, driver, {"grace": RANK_GRACE_S}
+    )
+    independent_hosts.start(compose)
+    deadline = time.monotonic() + 120
+    while independent_hosts.logs().count("READY rank=") < 4:
+        assert time.monotonic() < deadline, independent_hosts.logs()[-6000:]
+        time.sleep(1)
+    docker_command(
+        independent_hosts.docker, "stop", "-t", "60", *independent_hosts.containers.values()
+    )
+    states = independent_hosts.wait_exited(timeout_s=10)
+    logs = independent_hosts.logs()
+    for rank in range(4):
+        assert f"SIGTERM rank={rank} " in logs, logs[-6000:]
+        assert f"CHECKPOINTED rank={rank} " in logs, logs[-6000:]
+    assert all(state["ExitCode"] != 137 and not state["OOMKilled"] for state in states.values())
+
+
+# --------------------------------------------------------------------------------------------
+# Deploy: v3's ModelBuilder serves a model trained on the image (tests/sdk3_deploy.py).
+
+DEPLOY = Path(__file__).parent / "sdk3_deploy.py"
+LINEAR_ROWS = [[1.0, 2.0, 3.0, 4.0], [0.0, -1.0, 0.5, 2.0]]
+
+
+@pytest.fixture
+def sdk3_serve_python(sdk3_python) -> str:
+    """The v3 venv with sagemaker-serve (ModelBuilder), as requirements-sdk3.txt installs it."""
+    check = subprocess.run(
+        [sdk3_python, "-c", "import sagemaker.serve.model_builder"],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={**os.environ, "AWS_DEFAULT_REGION": "us-east-1"},
+    )
+    if check.returncode != 0:
+        skip_or_fail(f"no sagemaker-serve in {sdk3_python} (make venv-sdk3)")
+    return sdk3_python
+
+
+def deploy_and_invoke(python: str, image: str, model_dir: Path, body: object) -> object:
+    result = subprocess.run(
+        [python, str(DEPLOY), "--image", image, "--model-dir", str(model_dir),
+         "--body", json.dumps(body)],
+        capture_output=True, text=True, timeout=400, check=False, cwd=model_dir.parent,
+    )  # fmt: skip
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-6000:]
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert summary["outside_connections"] == [], summary
+    return summary["body"]
+
+
+def test_v3_model_builder_serves_the_builtin_model(sdk3_serve_python, image, job_root, digits_dir):
+    """TensorFlow image: ModelTrainer trains the built-in model (one host, one epoch), then
+    ModelBuilder deploys its model folder to a local container and invokes it once."""
+    hyperparameters = {**DIGITS_HYPERPARAMETERS, "epochs": 1}
+    channels = [f"--channel={name}={path}" for name, path in digits_dir.items()]
+    run_job(
+        sdk3_serve_python, image, job_root, "--hyperparameters", json.dumps(hyperparameters),
+        *channels,
+    )  # fmt: skip
+    pictures = sorted((digits_dir["test"] / "7").glob("*.png"))[:2]
+    body = {"instances": [{"b64": base64.b64encode(p.read_bytes()).decode()} for p in pictures]}
+    answer = deploy_and_invoke(sdk3_serve_python, image, job_root / "artifacts" / "model", body)
+    predictions = answer["predictions"]  # type: ignore[index]
+    assert len(predictions) == 2, answer
+    assert all(p["label"] in [str(d) for d in range(10)] for p in predictions), answer
+
+
+@pytest.mark.docker(image=torch_image_name())
+def test_v3_model_builder_serves_a_torchrun_model(sdk3_serve_python, job_root):
+    """torch image: ModelTrainer with Torchrun() saves a TorchScript model, then ModelBuilder
+    deploys it to a local container; the answer is the model's own."""
+    _, output = run_job(
+        sdk3_serve_python, torch_image_name(), job_root, f"--source-dir={SDK3_PROGRAMS}",
+        "--entry-script=linear.py", "--distributed=torchrun",
+    )  # fmt: skip
+    expected = json.loads(re.search(r"EXPECTED (\[.*\])", output).group(1))  # type: ignore[union-attr]
+    answer = deploy_and_invoke(
+        sdk3_serve_python, torch_image_name(), job_root / "artifacts" / "model", LINEAR_ROWS
+    )
+    assert len(answer) == len(expected), answer  # type: ignore[arg-type]
+    for got, want in zip(answer, expected, strict=True):  # type: ignore[call-overload]
+        assert got == pytest.approx(want, rel=1e-5), (answer, expected)

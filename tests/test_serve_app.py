@@ -152,6 +152,23 @@ def test_errors_are_one_json_line_with_their_status(
         assert response.json()["error"].startswith(error)
 
 
+def test_no_prediction_within_the_timeout_is_504_and_the_next_request_is_served(
+    model_dir: Path,
+) -> None:
+    fake = FakeModel(delay_s=0.6)
+    with client_for(model_dir, fake, request_timeout_s=0.2) as client:
+        wait_ready(client)
+        headers = {"content-type": "image/png"}
+        late = client.post("/invocations", content=png(1), headers=headers)
+        assert (late.status_code, late.json()) == (
+            504,
+            {"error": "no prediction within 0.2 s (model busy)"},
+        )
+        fake.delay_s = 0.0
+        time.sleep(0.6)  # the late call finishes; its answer has no one to go to
+        assert client.post("/invocations", content=png(1), headers=headers).status_code == 200
+
+
 def test_a_model_failure_is_a_500_with_one_line(model_dir: Path) -> None:
     fake = FakeModel()
 

@@ -936,3 +936,30 @@ def test_scalar_rows_take_the_fast_path_with_the_same_rules() -> None:
             tfs.tensors_from_instances(rows, x)
     ints = tfs.tensors_from_instances([1, 2], {"x": tfs.TensorSpec("int64", (None,))})["x"]
     assert ints.dtype == np.int64 and ints.tolist() == [1, 2]
+
+
+def test_a_model_fn_script_is_refused_in_one_line_before_its_import(tmp_path: Path) -> None:
+    """SDK v3's ModelBuilder writes a model_fn-style code/inference.py for an inference_spec;
+    it imports sagemaker.serve, which the image lacks: the refusal says what to do instead."""
+    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / "inference.py").write_text(
+        "from sagemaker.serve.spec.inference_spec import InferenceSpec\n\n"
+        "def model_fn(model_dir):\n    return None\n\n"
+        "def input_fn(data, content_type):\n    return data\n\n"
+        "def predict_fn(data, model):\n    return data\n\n"
+        "def output_fn(prediction, accept):\n    return prediction\n"
+    )
+    with pytest.raises(ModelError) as refused:
+        hooks.load_hooks(tmp_path)
+    message = str(refused.value)
+    assert "\n" not in message
+    assert "defines model_fn, input_fn, predict_fn, output_fn: that is the PyTorch" in message
+    assert "ModelBuilder with no model and no inference_spec, docs/sdk.md" in message
+    # A script with both kinds keeps this image's hooks (model_fn is then just a function).
+    (tmp_path / "code" / "inference.py").write_text(
+        "def model_fn(model_dir):\n    return None\n\n"
+        "def handler(data, context):\n    return b'ok', 'text/plain'\n"
+    )
+    loaded = hooks.load_hooks(tmp_path)
+    assert loaded is not None
+    assert loaded.handler is not None

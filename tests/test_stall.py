@@ -40,7 +40,7 @@ def hang_cluster(make_cluster, **hyperparameters: str):
 
 def hang_time(cluster, host: str) -> float:
     cluster.wait_for_log(host, "HANGING rank=", timeout=240)
-    match = re.search(r"HANGING rank=\d+ how=\w+ at=([\d.]+)", cluster.logs(host))
+    match = re.search(r"HANGING rank=-?\d+ how=\w+ at=([\d.]+)", cluster.logs(host))
     assert match, cluster.describe()
     return float(match.group(1))
 
@@ -52,7 +52,8 @@ def assert_stalled(cluster, hung_at: float, stuck: str, state: str, function: st
         assert cluster.exit_time(host) - hung_at < ENDED_WITHIN_S, cluster.describe()
         failure = cluster.failure(host) or ""
         assert failure.startswith("Stalled: no rank wrote output for "), cluster.describe()
-        assert f"stopped progressing: {stuck} ({state} since " in failure, cluster.describe()
+        assert "; stopped progressing: " in failure, cluster.describe()
+        assert f" {stuck} ({state} since " in failure, cluster.describe()
     stuck_host, label = stuck.split(" ", 1)
     if function is not None:
         # The stuck rank's stack, in its own host's log, every line tagged with host and rank.
@@ -65,8 +66,14 @@ def assert_stalled(cluster, hung_at: float, stuck: str, state: str, function: st
 
 
 @pytest.mark.timeout(420)
-def test_a_sleeping_rank_ends_the_job_named_with_its_stack(make_cluster):
-    cluster = hang_cluster(make_cluster, hang="sleep", **{"hang-rank": "3", "hang-after": "8"})
+@pytest.mark.parametrize("remote_shell", ["channel", "ssh"])
+def test_a_sleeping_rank_ends_the_job_named_with_its_stack(make_cluster, remote_shell):
+    cluster = hang_cluster(
+        make_cluster,
+        mpi_remote_shell=remote_shell,
+        hang="sleep",
+        **{"hang-rank": "3", "hang-after": "8"},
+    )
     cluster.start()
     hung_at = hang_time(cluster, "algo-2")
     assert_stalled(cluster, hung_at, "algo-2 rank 3", "idle", "wait_forever")
@@ -79,7 +86,7 @@ def test_a_frozen_rank_ends_the_job_named_with_its_stack(make_cluster):
     cluster.start()
     hung_at = hang_time(cluster, "algo-2")
     # py-spy reads a stopped process; its innermost frame is the os.kill call in main.
-    assert_stalled(cluster, hung_at, "algo-2 rank 2", "frozen (stopped)", "main")
+    assert_stalled(cluster, hung_at, "algo-2 rank 2", "stopped", "main")
 
 
 @pytest.mark.timeout(420)
@@ -151,3 +158,39 @@ def test_horovod_polls_while_the_main_thread_sleeps(docker, image):
     for main_thread, other in lines:
         assert float(main_thread) < 0.01
         assert float(other) > 0.05
+
+
+@pytest.mark.timeout(420)
+def test_hosts_programs_that_all_hang_end_the_job_each_named(make_cluster):
+    """sagemaker_mpi_enabled=false: each host's own program feeds the same pump and samples."""
+    cluster = hang_cluster(
+        make_cluster,
+        sagemaker_mpi_enabled="false",
+        hang="sleep",
+        **{"hang-rank": "-1", "hang-after": "8"},
+    )
+    cluster.start()
+    hung_at = min(hang_time(cluster, host) for host in HOSTS)
+    assert_stalled(cluster, hung_at, "algo-2 program", "idle", "wait_forever")
+    assert "algo-1 program (idle since " in (cluster.failure("algo-1") or ""), cluster.describe()
+
+
+@pytest.mark.timeout(300)
+def test_ranks_alive_when_a_stops_grace_runs_out_leave_their_stacks(make_cluster):
+    cluster = hang_cluster(
+        make_cluster, sigterm_grace_seconds="5", seconds="600", **{"ignore-sigterm": "true"}
+    )
+    cluster.start()
+    for host in HOSTS:
+        cluster.wait_for_log(host, "STEPPING rank=", timeout=240)
+    for stopper in cluster.stop(HOSTS, timeout=60):
+        stopper.wait(90)
+    assert cluster.wait(timeout=30) == dict.fromkeys(HOSTS, 143), cluster.describe()
+    for host, ranks in (("algo-1", (0, 1)), ("algo-2", (2, 3))):
+        log = cluster.logs(host)
+        for rank in ranks:
+            # Every live rank's stack, tagged with its host and rank, in its own host's log.
+            assert (
+                f"[{host} rank {rank}] stack (still running when the stop's grace ran out):" in log
+            ), cluster.describe()
+            assert re.search(rf"\[{host} rank {rank}\] +main \((/opt/ml/code/)?hang.py:\d+\)", log)

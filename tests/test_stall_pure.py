@@ -123,7 +123,7 @@ def test_when_every_rank_is_idle_the_ones_in_a_collective_are_victims():
 def test_a_frozen_rank_without_a_stack_is_named_frozen():
     stall = Stall(61, (sample("rank 2", 61, 61, host="algo-2", stopped=True),))
     assert stall_message(stall, {}, WALL, T).endswith(
-        "stopped progressing: algo-2 rank 2 (frozen (stopped) since 20:15:03 UTC)"
+        "stopped progressing: algo-2 rank 2 (stopped since 20:15:03 UTC)"
     )
 
 
@@ -347,6 +347,7 @@ def test_the_master_decides_only_with_every_workers_report_and_after_confirming(
     clock.now += CONFIRM_S
     failure = stalls.check(clock.now)
     assert failure is not None and failure.reason is Reason.STALLED
+    assert failure.host == "algo-2"
     assert failure.message.startswith("no rank wrote output for 68 s (stall_timeout_seconds=60)")
     assert "stopped progressing: algo-2 rank 3 (idle since " in failure.message
 
@@ -358,3 +359,11 @@ def test_a_worker_whose_ranks_ended_reports_none():
     watch.on_report("algo-2", (), [("rank 3", "ValueError: bad")])
     assert watch.job_samples() == []
     assert watch.wait_for_error("rank 3", 0) == RankError("rank 3", "ValueError: bad", "algo-2")
+
+
+def test_frames_read_their_source_line_relative_to_the_working_dir(tmp_path):
+    (tmp_path / "train.py").write_text("import time\n\ntotal = comm.allreduce(x)\n")
+    dump = 'Thread 1 (idle): "MainThread"\n    step (train.py:3)\n'
+    (thread,) = stacks.parse_dump(dump, tmp_path)
+    assert thread.frames == (Frame("step", "train.py", 3, "total = comm.allreduce(x)"),)
+    assert in_collective(thread.frames)

@@ -257,6 +257,6 @@ class HostWatch:
                     log.info("%s: asked %s for its own stack (SIGUSR2)", why, stream.label)
                 continue
             self.pump.write(stream.label, f"stack ({why}):\n{text.rstrip()}")
-            threads = stacks.parse_dump(text, read_source=True)
+            threads = stacks.parse_dump(text, stacks.working_dir(stream.pid))
             found[f"{self.host} {stream.label}"] = stacks.main_thread(threads)
         return found

@@ -15,6 +15,7 @@ import re
 import shutil
 import signal
 import subprocess
+from pathlib import Path
 
 from entrypoint.stall import Frame
 
@@ -40,9 +41,10 @@ class ThreadStack:
     frames: tuple[Frame, ...]
 
 
-def parse_dump(text: str, read_source: bool = False) -> list[ThreadStack]:
-    """py-spy dump's threads, in its order; `read_source`: each frame's source line as well
-    (the files are this host's)."""
+def parse_dump(text: str, source_dir: Path | None = None) -> list[ThreadStack]:
+    """py-spy dump's threads, in its order; with `source_dir` (the process' working directory,
+    where relative file names start), each frame's source line as well (the files are this
+    host's)."""
     threads: list[ThreadStack] = []
     name, state = "", ""
     frames: list[Frame] = []
@@ -57,7 +59,10 @@ def parse_dump(text: str, read_source: bool = False) -> list[ThreadStack]:
         frame = _FRAME.match(line)
         if frame is not None and started:
             function, file, number = frame.group(1), frame.group(2), int(frame.group(3))
-            source = linecache.getline(file, number).strip()[:_SOURCE_CHARS] if read_source else ""
+            source = ""
+            if source_dir is not None:
+                path = source_dir / file
+                source = linecache.getline(str(path), number).strip()[:_SOURCE_CHARS]
             frames.append(Frame(function, file, number, source))
     if started:
         threads.append(ThreadStack(name, state, tuple(frames)))
@@ -93,6 +98,14 @@ def py_spy_dump(pid: int, timeout_s: float = DUMP_TIMEOUT_S) -> str | None:
         log.warning("py-spy could not read process %d: %s", pid, reason)
         return None
     return result.stdout
+
+
+def working_dir(pid: int) -> Path | None:
+    """Where the process runs (its relative file names start there)."""
+    try:
+        return Path(os.readlink(f"/proc/{pid}/cwd"))
+    except OSError:
+        return None
 
 
 def faulthandler_dump(pid: int) -> bool:

@@ -124,9 +124,9 @@ class TensorflowRunner:
 
     async def _wait(self, pieces: list[Piece]) -> list[Any]:
         futures = self.batcher.submit(pieces)
-        return await asyncio.wait_for(
-            self.batcher.collect(futures), self.settings.request_timeout_s
-        )
+        # asyncio.timeout, not wait_for: no task of its own per request (one loop hand-off less).
+        async with asyncio.timeout(self.settings.request_timeout_s):
+            return await self.batcher.collect(futures)
 
     async def _tensors(
         self, incoming: Incoming, model: Model, version: Version, method: str

@@ -254,7 +254,8 @@ class PytorchRunner:
             self.settings.default_accept,
             abandon_on_cancel=True,
         )
-        answer, answer_type = await asyncio.wait_for(call, self.settings.request_timeout_s)
+        async with asyncio.timeout(self.settings.request_timeout_s):
+            answer, answer_type = await call
         return Outgoing(200, answer, answer_type)
 
 

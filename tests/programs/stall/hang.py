@@ -5,6 +5,9 @@ under torchrun), a line per step unless --quiet. After --hang-after seconds the 
 (world rank) either sleeps in user code (--hang=sleep) or freezes itself (--hang=stop: SIGSTOP to
 its own pid); the others wait in their next allreduce. Without --hang the loop runs --seconds and
 exits 0 (--quiet: printing only at the start and the end, so only CPU time shows progress).
+Without a launcher's rank (a host's own program, sagemaker_mpi_enabled=false) there is no
+allreduce and every host is rank -1's: --hang-rank -1 hangs them all. --ignore-sigterm: a rank
+that does not stop (a stop's grace then runs out).
 """
 
 from __future__ import annotations
@@ -27,9 +30,17 @@ def main() -> None:
     parser.add_argument("--hang-after", type=float, default=10.0)
     parser.add_argument("--seconds", type=float, default=150.0)
     parser.add_argument("--quiet", default="false")
+    parser.add_argument("--ignore-sigterm", default="false")
     args, _ = parser.parse_known_args()
     quiet = args.quiet == "true"
-    if "OMPI_COMM_WORLD_RANK" in os.environ:
+    if args.ignore_sigterm == "true":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if "OMPI_COMM_WORLD_RANK" not in os.environ and "RANK" not in os.environ:
+        rank, size = -1, 1
+
+        def allreduce(value: int) -> int:
+            return value
+    elif "OMPI_COMM_WORLD_RANK" in os.environ:
         from mpi4py import MPI  # noqa: PLC0415 - each image has one of the two
 
         comm = MPI.COMM_WORLD
