@@ -106,11 +106,11 @@ def test_user_ps_script_ends_when_the_chief_ends(make_cluster, host_count):
     codes = wait(cluster, 180)
     assert codes == dict.fromkeys(cluster.hosts, 0), cluster.describe()
     master = cluster.logs("algo-1")
-    assert f"[chief:0] PS_DONE total=20 workers={host_count}" in master, master
+    assert f"[algo-1 chief:0] PS_DONE total=20 workers={host_count}" in master, master
     for index, host in enumerate(cluster.hosts):
         log = cluster.logs(host)
-        assert f"[worker:{index}] PS_TASK worker:{index} host={host}" in log, log
-        assert f"[ps:{index}] PS_TASK ps:{index} host={host}" in log, log
+        assert f"[{host} worker:{index}] PS_TASK worker:{index} host={host}" in log, log
+        assert f"[{host} ps:{index}] PS_TASK ps:{index} host={host}" in log, log
     assert all(cluster.failure(host) is None for host in cluster.hosts)
 
 
@@ -165,8 +165,8 @@ def test_aws_custom_loop_script_runs_once_per_host_with_the_toolkits_tf_config(
     codes = wait(cluster, 240)
     assert codes == {"algo-1": 0, "algo-2": 0}, cluster.describe()
     master, worker = (cluster.logs(host) for host in cluster.hosts)
-    assert "[master:0] CUSTOM_DONE latest=/opt/ml/model/ckpt/model.ckpt-2" in master, master
-    assert "[worker:0] Epoch 2 " in worker, worker
+    assert "[algo-1 master:0] CUSTOM_DONE latest=/opt/ml/model/ckpt/model.ckpt-2" in master, master
+    assert "[algo-2 worker:0] Epoch 2 " in worker, worker
     assert (cluster.ml_root("algo-1") / "model" / "ckpt" / "model.ckpt-2.index").is_file()
     # The script once per host: no chief, no third process on the first host.
     assert "running 4 tasks on 2 hosts: python mnist_custom.py" in master, master
@@ -190,7 +190,7 @@ def test_aws_custom_loop_script_runs_once_per_host_with_the_toolkits_tf_config(
             for name, (task_type, index) in expected[host].items()
         }, log
     for index, host in enumerate(cluster.hosts):
-        assert f"[ps:{index}] " in cluster.logs(host)
+        assert f"[{host} ps:{index}] " in cluster.logs(host)
         assert f"parameter server ps:{index} serving on {host}:2223" in cluster.logs(host)
 
 
