@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from entrypoint.contract import Backend
-from entrypoint.host import rank_shim
+from entrypoint.host import rank_shim, stacks
 from entrypoint.host.activity import HostWatch
 from entrypoint.host.rank_output import OutputPump
 from entrypoint.host.ranks import RANK_SOCKET_ENV, RankRegistry
@@ -122,3 +122,26 @@ def test_a_frozen_rank_is_sampled_stopped(tmp_path: Path):
         process.kill()
         process.wait()
         registry.close()
+
+
+PTH_LINE = (Path(__file__).resolve().parent.parent / "docker" / "sm_horovod_stacks.pth").read_text()
+
+
+def test_where_py_spy_cannot_read_a_rank_it_writes_its_own_stack(monkeypatch):
+    """The faulthandler fallback: the image's .pth line registers SIGUSR2 in the processes the
+    entry point starts (here run by the program itself: the test's Python lacks the image's
+    site-packages); their stack reaches the pump tagged with the rank."""
+    program = PTH_LINE + (
+        "import time\ndef wait_forever():\n    time.sleep(30)\nprint('up', flush=True)\n"
+        "wait_forever()\n"
+    )
+    monkeypatch.setattr(stacks, "py_spy_dump", lambda pid: None)
+    launch = ProcessesLaunch((HostProcess((sys.executable, "-c", program), {}, None),))
+    part = local_part(Backend.PER_HOST, launch, is_master=True, host="algo-1")
+    part.start()
+    try:
+        until(lambda: "up" in part.watch.pump.recent())
+        assert part.watch.dump_stacks("a test") == {}
+        until(lambda: any("in wait_forever" in line for line in part.watch.pump.recent()))
+    finally:
+        part.end()
