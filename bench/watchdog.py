@@ -30,7 +30,7 @@ from harness.cluster import Cluster, docker_command
 
 log = logging.getLogger(__name__)
 
-# The entry point's hyperparameter (entrypoint/contract.py); absent: its default.
+# The entry point's hyperparameter (entrypoint/contract/); absent: its default.
 STALL_TIMEOUT = "stall_timeout_seconds"
 SETTINGS: Mapping[str, Mapping[str, str]] = {"off": {STALL_TIMEOUT: "0"}, "default": {}}
 HOSTS = 2

@@ -63,7 +63,7 @@ class JobShape:
     network_interface_name: str
     program_argv: tuple[str, ...]
     working_dir: Path | None
-    # What the user asked for (contract.py); the plan's Launch says what that means.
+    # What the user asked for (contract/); the plan's Launch says what that means.
     backend: Backend = Backend.MPI
     # sagemaker_mpi_custom_mpi_options, already split: appended to mpirun's own options.
     custom_mpi_options: tuple[str, ...] = ()

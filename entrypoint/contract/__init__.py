@@ -17,7 +17,7 @@ import logging
 import math
 import re
 import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -118,8 +118,6 @@ DEFAULT_SIGTERM_GRACE_S = 90.0
 # docs/design.md "Stalls": torch's 10 min collective timeout, which its users already accept.
 DEFAULT_STALL_TIMEOUT_S = 600.0
 
-# RFC 1123 labels: what Docker and SageMaker accept as host names.
-_HOST_NAME = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9.\-]{0,251}[A-Za-z0-9])?$")
 _CHANNEL_NAME = re.compile(r"^[A-Za-z0-9.\-_]{1,64}$")
 _HYPERPARAMETER_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]*$")
 _INTERFACE_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,15}$")
@@ -371,17 +369,6 @@ def _load_json_object(text: str, source: str) -> dict[str, Any]:
     return value
 
 
-def _parse_hosts_env(text: str) -> tuple[str, ...]:
-    try:
-        hosts = json.loads(text)
-    except ValueError:
-        # Tolerate the comma-separated form people type by hand.
-        hosts = [part.strip() for part in text.split(",") if part.strip()]
-    if not isinstance(hosts, list) or not all(isinstance(h, str) for h in hosts):
-        raise ContractError(f"SM_HOSTS: expected a JSON list of host names, got {text!r}")
-    return tuple(hosts)
-
-
 def _positive_number(name: str, raw: Any, *, integer: bool) -> float:
     text = hyperparameter_text(raw)
     try:
@@ -478,101 +465,6 @@ def _log_level(raw: Any) -> int:
     )
 
 
-def _enabled(hyperparameters: Mapping[str, Any], name: str) -> bool:
-    return name in hyperparameters and _boolean(name, hyperparameters[name])
-
-
-def _check_distribution_supported(hyperparameters: Mapping[str, Any]) -> None:
-    for name, why in UNSUPPORTED_DISTRIBUTIONS.items():
-        if _enabled(hyperparameters, name):
-            raise ContractError(f"hyperparameter {name}=true: {why}")
-    if hyperparameters.get(SMMP_PARAMETERS_PARAM) not in (None, "", {}, "{}"):
-        raise ContractError(
-            f"hyperparameter {SMMP_PARAMETERS_PARAM}: SageMaker's model parallel library "
-            "(smdistributed.modelparallel) exists only in AWS's own images: "
-            f"{_USE_MPI}, or distribution={{'smdistributed': {{'dataparallel': "
-            "{'enabled': True}}"
-        )
-
-
-def choose_backend(hyperparameters: Mapping[str, Any], ranks_per_host: int | None) -> Backend:
-    """The SDK's hyperparameters select the backend; contradictory requests fail here with one
-    line instead of one of them silently winning."""
-    strategies = [
-        name for name in (MWMS_ENABLED_PARAM, PS_ENABLED_PARAM) if _enabled(hyperparameters, name)
-    ]
-    mpi_requested = _enabled(hyperparameters, MPI_ENABLED_PARAM)
-    data_parallel = _enabled(hyperparameters, SMDDP_ENABLED_PARAM) or _enabled(
-        hyperparameters, PYTORCH_DDP_ENABLED_PARAM
-    )
-    if _enabled(hyperparameters, TORCH_DISTRIBUTED_ENABLED_PARAM):
-        # torch_distributed with smdistributed's dataparallel is AWS's torchrun launch of the
-        # smddp backend (the SDK sends both; the PyTorch toolkit checks torch_distributed first).
-        others = [*strategies, *([MPI_ENABLED_PARAM] if mpi_requested else [])]
-        if others:
-            raise ContractError(
-                f"hyperparameters {TORCH_DISTRIBUTED_ENABLED_PARAM}=true and {others[0]}=true: "
-                "torchrun and that distribution cannot both run the job; choose one"
-            )
-        return Backend.TORCH_DISTRIBUTED
-    if len(strategies) > 1:
-        raise ContractError(
-            f"hyperparameters {strategies[0]}=true and {strategies[1]}=true: choose one strategy"
-        )
-    if not strategies:
-        if MPI_ENABLED_PARAM in hyperparameters and not mpi_requested:
-            if data_parallel:
-                raise ContractError(
-                    f"hyperparameters {MPI_ENABLED_PARAM}=false and {SMDDP_ENABLED_PARAM}=true: "
-                    "the data-parallel library runs under mpirun; choose one distribution"
-                )
-            return Backend.PER_HOST
-        return Backend.MPI
-    strategy = strategies[0]
-    if data_parallel:
-        raise ContractError(
-            f"hyperparameters {SMDDP_ENABLED_PARAM}=true and {strategy}=true: the data-parallel "
-            "library over MPI and a tf.distribute strategy cannot both run the job; choose one "
-            "distribution"
-        )
-    if mpi_requested:
-        raise ContractError(
-            f"hyperparameters {MPI_ENABLED_PARAM}=true and {strategy}=true: Horovod over MPI "
-            "and a tf.distribute strategy cannot both run the job; choose one distribution"
-        )
-    if ranks_per_host is not None and ranks_per_host > 1:
-        raise ContractError(
-            f"{strategy}=true runs one process per task and host (a strategy drives every local "
-            f"GPU itself), so ranks_per_host / {MPI_PROCESSES_PER_HOST_PARAM}={ranks_per_host} "
-            "does not apply: remove it"
-        )
-    return (
-        Backend.MULTI_WORKER_MIRRORED
-        if strategy == MWMS_ENABLED_PARAM
-        else Backend.PARAMETER_SERVER
-    )
-
-
-def check_backend_fits(backend: Backend, host_count: int, *, builtin_program: bool) -> None:
-    """What the backend needs of the cluster and the program (checked once both are known: by
-    the entry point, and by the launcher before it starts and bills any instance)."""
-    if backend is Backend.PARAMETER_SERVER and host_count < 2:
-        raise ContractError(
-            f"{PS_ENABLED_PARAM}=true needs at least 2 hosts (got 1): use "
-            f"{MWMS_ENABLED_PARAM} or no distribution on one host"
-        )
-    if backend is Backend.TORCH_DISTRIBUTED and builtin_program:
-        raise ContractError(
-            f"{TORCH_DISTRIBUTED_ENABLED_PARAM}=true: the built-in model is TensorFlow; "
-            f"torchrun runs your own script ({PROGRAM_PARAM})"
-        )
-    if backend is Backend.PARAMETER_SERVER and builtin_program:
-        raise ContractError(
-            f"{PS_ENABLED_PARAM}=true: the built-in model trains with Horovod or "
-            f"{MWMS_ENABLED_PARAM}; parameter servers need your own script (sagemaker_program)"
-        )
-
-
 def _custom_mpi_options(hyperparameters: Mapping[str, Any]) -> tuple[str, ...]:
     """mpi's custom_mpi_options, then the data-parallel library's (the SDK sends "" for each
     distribution that has none)."""
@@ -584,31 +476,6 @@ def _custom_mpi_options(hyperparameters: Mapping[str, Any]) -> tuple[str, ...]:
     return tuple(options)
 
 
-def check_distribution_in_image(hyperparameters: Mapping[str, Any], image_flavor: str) -> None:
-    """pytorchddp (as SDKs before 2.221 send it) runs PyTorch scripts: only the torch image has
-    torch. (The smdistributed parameters run in both: the TensorFlow images map the library's
-    TensorFlow API onto Horovod, the torch image its PyTorch API onto torch.distributed.)"""
-    if _enabled(hyperparameters, PYTORCH_DDP_ENABLED_PARAM) and not image_flavor.startswith(
-        "torch"
-    ):
-        raise ContractError(
-            f"hyperparameter {PYTORCH_DDP_ENABLED_PARAM}=true: pytorchddp runs a PyTorch script, "
-            "and this TensorFlow image has no PyTorch: use the torch image (make build "
-            f"FLAVOR=torch or torch-cpu), or {_USE_MPI}"
-        )
-
-
-def check_backend_in_image(backend: Backend, image_flavor: str) -> None:
-    """torchrun needs torch, which only the torch image has (SM_IMAGE_FLAVOR says which image
-    this is; the launcher cannot know, so only the entry point checks)."""
-    if backend is Backend.TORCH_DISTRIBUTED and not image_flavor.startswith("torch"):
-        raise ContractError(
-            f"hyperparameter {TORCH_DISTRIBUTED_ENABLED_PARAM}=true: torchrun needs PyTorch, "
-            "which this TensorFlow image lacks: use the torch image (make build FLAVOR=torch or "
-            "torch-cpu)"
-        )
-
-
 def parse_entrypoint_settings(hyperparameters: Mapping[str, Any]) -> EntrypointSettings:
     """Read the entry point's own hyperparameters and the toolkit's it acts on (decoded values);
     the launcher checks a job's request with this same function before it is sent."""
@@ -618,7 +485,7 @@ def parse_entrypoint_settings(hyperparameters: Mapping[str, Any]) -> EntrypointS
             return default
         return _positive_number(name, hyperparameters[name], integer=False)
 
-    _check_distribution_supported(hyperparameters)
+    check_distribution_supported(hyperparameters)
     ranks = _requested_ranks_per_host(hyperparameters)
     backend = choose_backend(hyperparameters, ranks)
     return EntrypointSettings(
@@ -722,46 +589,6 @@ def _parse_program(hyperparameters: Mapping[str, Any], env: Mapping[str, str]) -
     return UserScript(program=program, submit_dir=str(submit_dir or "/opt/ml/code"))
 
 
-def _parse_hosts(
-    resource_config: Mapping[str, Any], env: Mapping[str, str], resource_source: str
-) -> tuple[str, ...]:
-    if "SM_HOSTS" in env:
-        hosts = _parse_hosts_env(env["SM_HOSTS"])
-        source = "SM_HOSTS"
-    else:
-        raw_hosts = resource_config.get("hosts")
-        if not isinstance(raw_hosts, list) or not all(isinstance(h, str) for h in raw_hosts):
-            raise ContractError(f"{resource_source}: 'hosts' must be a list of host names")
-        hosts = tuple(raw_hosts)
-        source = resource_source
-    if not hosts:
-        raise ContractError(f"{source}: the host list is empty")
-    for host in hosts:
-        if not _HOST_NAME.match(host):
-            raise ContractError(f"{source}: {host!r} is not a valid host name")
-    duplicates = sorted({host for host in hosts if hosts.count(host) > 1})
-    if duplicates:
-        raise ContractError(f"{source}: duplicate hosts {', '.join(duplicates)}")
-    return hosts
-
-
-def _parse_current_host(
-    resource_config: Mapping[str, Any],
-    env: Mapping[str, str],
-    hosts: tuple[str, ...],
-    resource_source: str,
-) -> str:
-    current_host = env.get("SM_CURRENT_HOST") or resource_config.get("current_host")
-    source = "SM_CURRENT_HOST" if env.get("SM_CURRENT_HOST") else resource_source
-    if not isinstance(current_host, str) or not current_host:
-        raise ContractError(f"{resource_source}: 'current_host' is missing")
-    if current_host not in hosts:
-        raise ContractError(
-            f"{source}: current host {current_host!r} is not in the host list [{', '.join(hosts)}]"
-        )
-    return current_host
-
-
 def _decode_hyperparameters(raw: Mapping[str, Any], source: str) -> dict[str, Any]:
     decoded = {}
     for name, value in raw.items():
@@ -777,117 +604,6 @@ def _check_channels(input_data_config: Mapping[str, Any], source: str) -> None:
             raise ContractError(f"{source}: {channel!r} is not a channel name")
         if not isinstance(config, dict):
             raise ContractError(f"{source}: channel {channel!r} must map to an object")
-
-
-def _parse_group(entry: Any, index: int, source: str) -> InstanceGroup:
-    """One entry of resourceconfig.json's instance_groups."""
-    if not isinstance(entry, dict):
-        raise ContractError(f"{source}: instance_groups[{index}] must be an object")
-    name = entry.get("instance_group_name")
-    if not isinstance(name, str) or not name:
-        raise ContractError(f"{source}: instance_groups[{index}] has no instance_group_name")
-    group_type = entry.get("instance_type", "local")
-    if not isinstance(group_type, str) or not group_type:
-        raise ContractError(f"{source}: instance group {name!r}: bad instance_type")
-    group_hosts = entry.get("hosts")
-    if not isinstance(group_hosts, list) or not all(isinstance(h, str) for h in group_hosts):
-        raise ContractError(f"{source}: instance group {name!r}: 'hosts' must be a list")
-    if not group_hosts:
-        raise ContractError(f"{source}: instance group {name!r} has no hosts")
-    return InstanceGroup(name, group_type, tuple(group_hosts))
-
-
-def _group_owners(
-    groups: Sequence[InstanceGroup], hosts: tuple[str, ...], source: str
-) -> dict[str, str]:
-    """host -> its group's name; every host in exactly one group, every group host a host."""
-    owner: dict[str, str] = {}
-    for group in groups:
-        for host in group.hosts:
-            if host in owner:
-                where = "twice" if owner[host] == group.name else f"and in group {owner[host]!r}"
-                raise ContractError(
-                    f"{source}: host {host} is in instance group {group.name!r} {where}"
-                )
-            if host not in hosts:
-                raise ContractError(
-                    f"{source}: instance group {group.name!r} lists {host}, which is not in the "
-                    f"host list [{', '.join(hosts)}]"
-                )
-            owner[host] = group.name
-    stray = [host for host in hosts if host not in owner]
-    if stray:
-        raise ContractError(f"{source}: host {', '.join(stray)} is in no instance group")
-    return owner
-
-
-def parse_instance_groups(
-    resource_config: Mapping[str, Any],
-    hosts: tuple[str, ...],
-    current_host: str,
-    source: str,
-) -> tuple[tuple[InstanceGroup, ...], str]:
-    """The job's instance groups (file order) and the current host's group. Without
-    `instance_groups` (local mode, a hand-written file) the job is one group over every host,
-    named as the toolkit names it. Every host is in exactly one group, no group is empty."""
-    current_name = resource_config.get("current_group_name")
-    if current_name is not None and (not isinstance(current_name, str) or not current_name):
-        raise ContractError(f"{source}: current_group_name {current_name!r} is not a group name")
-    raw = resource_config.get("instance_groups")
-    if raw is None or raw == []:
-        name = current_name or HOMOGENEOUS_GROUP
-        instance_type = str(resource_config.get("current_instance_type", "local"))
-        return (InstanceGroup(name, instance_type, tuple(sorted(hosts))),), name
-    if not isinstance(raw, list):
-        raise ContractError(f"{source}: 'instance_groups' must be a list of groups")
-    groups: list[InstanceGroup] = []
-    for index, entry in enumerate(raw):
-        group = _parse_group(entry, index, source)
-        if any(other.name == group.name for other in groups):
-            raise ContractError(f"{source}: instance group {group.name!r} is listed twice")
-        groups.append(group)
-    current_group = _group_owners(groups, hosts, source)[current_host]
-    if current_name is not None and current_name != current_group:
-        raise ContractError(
-            f"{source}: current_group_name is {current_name!r} but current host "
-            f"{current_host} is in instance group {current_group!r}"
-        )
-    return tuple(groups), current_group
-
-
-def choose_distribution_group(
-    group_names: Sequence[str], hyperparameters: Mapping[str, Any], backend: Backend
-) -> str | None:
-    """The one group that runs the distributed program: the one sagemaker_distribution_-
-    instance_groups names (a JSON list of exactly one group, as the SDK sends it), else the
-    only group. With several groups and no such hyperparameter there is no safe guess (the
-    toolkit would give each group a world of its own, CPU groups too): the job fails, except
-    a per-host job (sagemaker_mpi_enabled=false), where every host's program is the job (None)."""
-    if DISTRIBUTION_GROUPS_PARAM in hyperparameters:
-        raw = hyperparameters[DISTRIBUTION_GROUPS_PARAM]
-        given = f"hyperparameter {DISTRIBUTION_GROUPS_PARAM}={hyperparameter_text(raw)}"
-        if not isinstance(raw, list) or not all(isinstance(name, str) for name in raw):
-            raise ContractError(f"{given} is not a JSON list of instance group names")
-        if len(raw) != 1:
-            raise ContractError(
-                f"{given} names {len(raw)} groups: exactly one instance group can be distributed"
-            )
-        if raw[0] not in group_names:
-            raise ContractError(
-                f"{given}: the job has no instance group {raw[0]!r} "
-                f"(groups: {', '.join(group_names)})"
-            )
-        return str(raw[0])
-    if len(group_names) == 1:
-        return group_names[0]
-    if backend is Backend.PER_HOST:
-        return None
-    raise ContractError(
-        f"{len(group_names)} instance groups ({', '.join(group_names)}) and no hyperparameter "
-        f"{DISTRIBUTION_GROUPS_PARAM}: name the one group that runs the {backend.value} program "
-        "(the SDK's distribution={..., 'instance_groups': [group]}, or launch's "
-        "--distribution-group)"
-    )
 
 
 def parse_contract(
@@ -914,8 +630,8 @@ def parse_contract(
         if input_data_config_text is not None
         else {}
     )
-    hosts = _parse_hosts(resource_config, env, resource_source)
-    current_host = _parse_current_host(resource_config, env, hosts, resource_source)
+    hosts = parse_hosts(resource_config, env, resource_source)
+    current_host = parse_current_host(resource_config, env, hosts, resource_source)
     interface = resource_config.get("network_interface_name", "eth0")
     if not isinstance(interface, str) or not _INTERFACE_NAME.match(interface):
         raise ContractError(
@@ -1014,3 +730,40 @@ def read_contract(paths: ContractPaths, env: Mapping[str, str]) -> Contract:
         paths=paths,
         sdk3_job=sdk3_job,
     )
+
+
+# The concerns split off (after the names and types above, which they import from here);
+# bound here too, so `from entrypoint.contract import choose_backend` keeps working.
+from entrypoint.contract.cluster import (  # noqa: E402
+    choose_distribution_group,
+    group_owners,
+    parse_current_host,
+    parse_group,
+    parse_hosts,
+    parse_hosts_env,
+    parse_instance_groups,
+)
+from entrypoint.contract.distribution import (  # noqa: E402
+    check_backend_fits,
+    check_backend_in_image,
+    check_distribution_in_image,
+    check_distribution_supported,
+    choose_backend,
+    enabled,
+)
+
+__all__ = [
+    "check_backend_fits",
+    "check_backend_in_image",
+    "check_distribution_in_image",
+    "check_distribution_supported",
+    "choose_backend",
+    "choose_distribution_group",
+    "enabled",
+    "group_owners",
+    "parse_current_host",
+    "parse_group",
+    "parse_hosts",
+    "parse_hosts_env",
+    "parse_instance_groups",
+]
