@@ -66,7 +66,8 @@ def kill_mid_run(make_cluster, host_count: int, victim: str):
     exits non-zero within FAIL_FAST_S with a failure recorded. Returns the cluster."""
     cluster = make_cluster(host_count, hyperparameters=script_mode(seconds=120), code_dir=PROGRAMS)
     cluster.start()
-    cluster.wait_for_log("algo-1", f"RUNNING rank={host_count - 1}", timeout=120)
+    # One rank per host: the last rank's lines are on the last host's log (the log pump).
+    cluster.wait_for_log(f"algo-{host_count}", f"RUNNING rank={host_count - 1}", timeout=120)
     killed_at = time.time()
     cluster.kill(victim)
     survivors = [host for host in cluster.hosts if host != victim]
@@ -94,7 +95,7 @@ def test_worker_cut_off_the_network_fails_every_host(make_cluster):
     decides, on both sides of the cut."""
     cluster = make_cluster(3, hyperparameters=script_mode(seconds=180), code_dir=PROGRAMS)
     cluster.start()
-    cluster.wait_for_log("algo-1", "RUNNING rank=2", timeout=120)
+    cluster.wait_for_log("algo-3", "RUNNING rank=2", timeout=120)
     cut_at = time.time()
     cluster.disconnect("algo-2")
     codes = cluster.wait(timeout=90)
@@ -134,7 +135,7 @@ def test_sigterm_everywhere_checkpoints_then_stops(make_cluster, tmp_path):
         checkpoint_dir=checkpoints,
     )
     cluster.start()
-    cluster.wait_for_log("algo-1", "RUNNING rank=1", timeout=120)
+    cluster.wait_for_log("algo-2", "RUNNING rank=1", timeout=120)
     for stopper in cluster.stop(cluster.hosts, timeout=40):
         stopper.wait(60)
     codes = cluster.wait(timeout=10)
