@@ -30,7 +30,7 @@ from entrypoint.contract import (
     read_contract,
 )
 from entrypoint.groups import describe_roles
-from entrypoint.host import netif, probes, sshkeys, usercode
+from entrypoint.host import netif, probes, signals, sshkeys, usercode
 from entrypoint.job import format_command
 from entrypoint.plan import JobPlan, launch_lines, make_plan, require_channel
 from smcommon.failure import STOPPED_EXIT_CODE, Failure, Reason, record_failure
@@ -160,7 +160,7 @@ def run(env: Mapping[str, str], paths: ContractPaths) -> int:
     # Before anything slow (the user's code from S3, pip): a stop during set-up also leaves
     # its failure line, and the host exits at once.
     stop = threading.Event()
-    handlers = supervise.install_stop_handlers(stop)
+    handlers = signals.install_stop_handlers(stop)
     contract = read_contract(paths, env)
     role = "master" if contract.current_host == contract.master_host else "worker"
     configure_logging(contract.current_host, role, contract.settings.log_level)
@@ -186,7 +186,7 @@ def run(env: Mapping[str, str], paths: ContractPaths) -> int:
     try:
         with handlers.setting_up():
             job_key = prepare(contract, plan, env)
-    except supervise.SetupStopped as stopped:
+    except signals.SetupStopped as stopped:
         stopped.host = contract.current_host
         raise
     config = supervise.ShellConfig(
@@ -215,7 +215,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _run_reporting_failures(env: Mapping[str, str], paths: ContractPaths) -> int:
     try:
         return run(env, paths)
-    except supervise.SetupStopped as stopped:
+    except signals.SetupStopped as stopped:
         failure = Failure(
             Reason.STOPPED,
             f"stopped by {stopped.signal_name} during set-up",

@@ -19,19 +19,18 @@ Time comes from a Clock in ShellConfig, so unit tests drive the loops with a fak
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
-import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
 from entrypoint import groups
 from entrypoint.channel.coordination import MasterChannel, WorkerChannel
-from entrypoint.channel.protocol import Exited, Verdict, host_verdict, suspect_peers, with_fault
+from entrypoint.channel.protocol import Exited, Verdict
+from entrypoint.channel.verdicts import host_verdict, suspect_peers, with_fault
 from entrypoint.host.children import KILL_WAIT_S
 from entrypoint.host.oom import MemoryCounters, OomWatch, oom_failure, read_counters
 from entrypoint.job import VerdictRule, format_command
@@ -423,7 +422,7 @@ def run_master(
 
     On a failure the workers hear the verdict before mpirun is ended: they end their own ranks
     at once, instead of waiting for mpirun's teardown, which can hang on a lost host. A fault
-    some host saw (the kernel's OOM killer) explains the failure (protocol.with_fault)."""
+    some host saw (the kernel's OOM killer) explains the failure (verdicts.with_fault)."""
     faults = _FaultWatch(plan.current_host, config.read_memory)
     try:
         try:
@@ -629,66 +628,3 @@ def run_host(
     finally:
         watch.close()
         part.close()
-
-
-# --------------------------------------------------------------------------------------------
-# Signals
-
-
-class SetupStopped(BaseException):
-    """A stop (SIGTERM, SIGINT) came while this host was still setting up (fetching the user's
-    code, installing its requirements.txt): raised in the set-up step itself, so the host ends
-    within moments instead of after a download or an install that may take minutes. A
-    BaseException, as KeyboardInterrupt is: the steps' own `except Exception` must not swallow
-    it as one more error of theirs."""
-
-    def __init__(self, signal_name: str) -> None:
-        super().__init__(signal_name)
-        self.signal_name = signal_name
-        # The host it happened on, once known (the contract names it).
-        self.host: str | None = None
-
-
-class StopHandlers:
-    """SIGTERM (StopTrainingJob, spot interruption, docker stop) and SIGINT set `stop`; the
-    supervising loops forward it to the ranks and bound the grace period. Installed before
-    anything slow: inside `setting_up()` a stop also raises SetupStopped in the step that runs.
-    """
-
-    def __init__(self, stop: threading.Event) -> None:
-        self.stop = stop
-        self._interrupt = False
-
-    def install(self) -> StopHandlers:
-        signal.signal(signal.SIGTERM, self._on_signal)
-        signal.signal(signal.SIGINT, self._on_signal)
-        return self
-
-    def _on_signal(self, signum: int, _frame: object) -> None:
-        name = signal.Signals(signum).name
-        if not self.stop.is_set():
-            log.warning("received %s", name)
-        self.stop.set()
-        if self._interrupt:
-            # Once: the step's own clean-up (ending pip's group) runs undisturbed.
-            self._interrupt = False
-            raise SetupStopped(name)
-
-    @contextlib.contextmanager
-    def setting_up(self) -> Iterator[None]:
-        """Set-up steps run inside: a stop before, during or right after them raises
-        SetupStopped (nothing of the job has started yet, so there is nothing to forward)."""
-        if self.stop.is_set():
-            raise SetupStopped("SIGTERM")
-        self._interrupt = True
-        try:
-            yield
-        finally:
-            self._interrupt = False
-        if self.stop.is_set():
-            raise SetupStopped("SIGTERM")
-
-
-def install_stop_handlers(stop: threading.Event) -> StopHandlers:
-    """The stop handlers (StopHandlers), installed."""
-    return StopHandlers(stop).install()

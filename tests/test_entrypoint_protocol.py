@@ -34,17 +34,14 @@ from entrypoint.channel.protocol import (
     challenge_frame,
     derive_job_key,
     hello_frame,
-    host_verdict,
     message_from_json,
     message_to_json,
     parse_challenge,
     parse_hello,
     session_key,
-    silent_peers,
-    suspect_peers,
     version_refusal,
-    with_fault,
 )
+from entrypoint.channel.verdicts import host_verdict, silent_peers, suspect_peers, with_fault
 from smcommon.failure import Failure, Reason, parse_failure
 
 JOB_KEY = derive_job_key(b"job secret")

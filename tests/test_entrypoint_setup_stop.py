@@ -15,9 +15,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from entrypoint import main, supervise
+from entrypoint import main
 from entrypoint.contract import ContractPaths
-from entrypoint.host import usercode
+from entrypoint.host import signals, usercode
 from smcommon.failure import STOPPED_EXIT_CODE
 
 
@@ -31,8 +31,8 @@ def restore_signals():
 
 def test_a_stop_inside_set_up_raises_in_the_step(restore_signals) -> None:
     stop = threading.Event()
-    handlers = supervise.install_stop_handlers(stop)
-    with pytest.raises(supervise.SetupStopped) as raised, handlers.setting_up():
+    handlers = signals.install_stop_handlers(stop)
+    with pytest.raises(signals.SetupStopped) as raised, handlers.setting_up():
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(5)  # interrupted: the handler raises at once
     assert raised.value.signal_name == "SIGTERM"
@@ -41,15 +41,15 @@ def test_a_stop_inside_set_up_raises_in_the_step(restore_signals) -> None:
 
 def test_a_stop_before_set_up_raises_on_entry(restore_signals) -> None:
     stop = threading.Event()
-    handlers = supervise.install_stop_handlers(stop)
+    handlers = signals.install_stop_handlers(stop)
     stop.set()
-    with pytest.raises(supervise.SetupStopped), handlers.setting_up():
+    with pytest.raises(signals.SetupStopped), handlers.setting_up():
         pytest.fail("the step must not run")
 
 
 def test_outside_set_up_a_stop_only_sets_the_event(restore_signals) -> None:
     stop = threading.Event()
-    supervise.install_stop_handlers(stop)
+    signals.install_stop_handlers(stop)
     os.kill(os.getpid(), signal.SIGTERM)
     assert stop.wait(5)
 
@@ -58,11 +58,11 @@ def test_an_interrupted_command_loses_its_whole_group(tmp_path: Path, restore_si
     """pip's children (build backends) are ours: the group goes, not only the leader."""
     pidfile = tmp_path / "child.pid"
     stop = threading.Event()
-    handlers = supervise.install_stop_handlers(stop)
+    handlers = signals.install_stop_handlers(stop)
     timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM))
     started = time.monotonic()
     timer.start()
-    with pytest.raises(supervise.SetupStopped), handlers.setting_up():
+    with pytest.raises(signals.SetupStopped), handlers.setting_up():
         usercode.run_own_group(["sh", "-c", f"sleep 60 & echo $! > {pidfile}; wait"], tmp_path)
     assert time.monotonic() - started < usercode.GROUP_END_WAIT_S + 5
     child = int(pidfile.read_text())

@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from entrypoint.channel.coordination import CHANNEL_PORT
-from entrypoint.channel.protocol import Exited, Verdict, host_verdict
+from entrypoint.channel.protocol import Exited, Verdict
+from entrypoint.channel.verdicts import host_verdict
 from entrypoint.contract import Backend, ContractError, parse_contract
 from entrypoint.host.children import ChildProcess
 from entrypoint.host.rank_output import OutputPump

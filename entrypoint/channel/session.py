@@ -48,8 +48,8 @@ from entrypoint.channel.protocol import (
     parse_challenge,
     parse_hello,
     session_key,
-    silent_peers,
 )
+from entrypoint.channel.verdicts import silent_peers
 
 log = logging.getLogger("entrypoint")
 

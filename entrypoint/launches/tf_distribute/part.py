@@ -8,7 +8,7 @@ import signal
 import time
 from collections.abc import Sequence
 
-from entrypoint.channel.protocol import first_decisive
+from entrypoint.channel.verdicts import first_decisive
 from entrypoint.host.activity import HostWatch
 from entrypoint.host.children import ChildProcess
 from entrypoint.job import VerdictRule
