@@ -183,12 +183,18 @@ def sdk3_request(job: Sdk3Job, *, code_dir: str) -> Sdk3Request | None:
 
 
 def sdk3_environment(
-    job: Sdk3Job, *, hosts: tuple[str, ...], current_host: str, code_dir: str
+    job: Sdk3Job,
+    *,
+    hosts: tuple[str, ...],
+    current_host: str,
+    code_dir: str,
+    master_host: str | None = None,
 ) -> dict[str, str]:
     """The variables v3's environment.py adds to the toolkit's (the rest are the same names):
-    scripts written for v3 read them."""
+    scripts written for v3 read them. The master is the job's (the distribution group's first
+    host in a heterogeneous cluster), where v3 itself writes "algo-1"."""
     env = {
-        "SM_MASTER_ADDR": hosts[0],
+        "SM_MASTER_ADDR": master_host or hosts[0],
         "SM_MASTER_PORT": SDK3_MASTER_PORT,
         "SM_HOST_COUNT": str(len(hosts)),
         "SM_CURRENT_HOST_RANK": str(hosts.index(current_host)),

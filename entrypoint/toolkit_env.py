@@ -42,6 +42,7 @@ def toolkit_environment(contract: Contract, env: Mapping[str, str]) -> dict[str,
             hosts=contract.hosts,
             current_host=contract.current_host,
             code_dir=str(contract.paths.data_dir / sdk3.CODE_CHANNEL),
+            master_host=contract.master_host,
         )
     return variables
 

@@ -183,3 +183,28 @@ def test_read_contract_reads_the_drivers_channel_only_behind_the_hook(tmp_path: 
     (drivers / "sm_train.sh").unlink()
     with pytest.raises(ContractError, match=r"sm_train\.sh: missing"):
         read_contract(paths, {sdk3.SDK3_COMMAND_ENV: COMMAND})
+
+
+def test_v3s_master_is_the_distribution_groups_first_host_in_a_heterogeneous_job():
+    """v3 itself writes SM_MASTER_ADDR=algo-1; in a heterogeneous cluster the master is the
+    distribution group's first host (here algo-3), where our launches meet."""
+    resource = {
+        "current_host": "algo-1",
+        "current_group_name": "dnn_group",
+        "hosts": ["algo-1", "algo-2", "algo-3"],
+        "instance_groups": [
+            {"instance_group_name": name, "instance_type": "ml.c5.xlarge", "hosts": hosts}
+            for name, hosts in (("data_group", ["algo-2"]), ("dnn_group", ["algo-3", "algo-1"]))
+        ],
+    }
+    contract = parse_contract(
+        resource_config_text=json.dumps(resource),
+        hyperparameters_text=json.dumps(
+            {"sagemaker_distribution_instance_groups": '["dnn_group"]'}
+        ),
+        input_data_config_text=None,
+        env={sdk3.SDK3_COMMAND_ENV: COMMAND},
+        sdk3_job=job(distributed={"process_count_per_node": 1}),
+    )
+    env = make_plan(contract, gpu_count=0).environment
+    assert env["SM_MASTER_ADDR"] == "algo-3"
