@@ -426,6 +426,6 @@ def test_the_sdk_runs_a_tf2_parameter_server_strategy_script_with_the_switch(
             model_dir="s3://models/coordinator",
             hyperparameters={"parameter_server_layout": "strategy"},
         )  # fmt: skip
-    assert "algo-1 chief:0] PS_DONE total=20 workers=2" in logs, logs[-4000:]
+    assert " chief:0] PS_DONE total=20 workers=2" in logs, logs[-4000:]
     assert PS_SETUP_LINE in logs
     assert "running 5 tasks on 2 hosts: python ps_coordinator.py" in logs, logs[-4000:]
