@@ -69,10 +69,11 @@ def test_train_is_our_entry_point_and_sshd_config_is_valid(docker, image):
 
 
 def test_the_rsh_agent_is_a_standard_library_script(docker, image):
-    """One agent per worker lives on the master for the whole job: no site-packages."""
+    """One agent per worker lives on the master for the whole job: no site-packages. Run
+    wrongly, it exits as the rank shim does when it cannot run its program (NOT_RUN_EXIT_CODE)."""
     script = 'head -1 "$(command -v sm-horovod-rsh-agent)"; sm-horovod-rsh-agent; echo "exit=$?"'
     result = run(docker, "run", "--rm", image, "bash", "-c", script)
-    assert result.stdout.splitlines() == ["#!/opt/venv/bin/python -IS", "exit=255"], result
+    assert result.stdout.splitlines() == ["#!/opt/venv/bin/python -IS", "exit=127"], result
     assert "usage: HOST COMMAND..." in result.stderr
 
 
