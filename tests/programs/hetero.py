@@ -70,3 +70,9 @@ while time.monotonic() < deadline:
     allreduce(0.0)
     time.sleep(0.1)
 print(f"DONE rank={rank}", flush=True)
+if args.framework in ("torch", "smddp"):
+    # Without it torch's gloo threads can outlive the interpreter's teardown: "terminate called
+    # without an active exception", SIGABRT after a successful run (seen under load).
+    import torch.distributed
+
+    torch.distributed.destroy_process_group()
