@@ -102,7 +102,7 @@ def test_a_rank_raising_fails_every_host_within_10_s(make_cluster):
         code_dir=PROGRAMS,
     )
     cluster.start()
-    cluster.wait_for_log("algo-1", "SMDDP rank 1 of 2", timeout=150)
+    cluster.wait_for_log("algo-2", "SMDDP rank 1 of 2", timeout=150)  # rank 1 logs on its host
     raised_at = time.time() + 3
     codes = cluster.wait(timeout=60)
     assert all(code not in (0, None) for code in codes.values()), cluster.describe()
