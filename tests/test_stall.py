@@ -156,8 +156,11 @@ def test_horovod_polls_while_the_main_thread_sleeps(docker, image):
     assert len(lines) == 2, result.stdout + result.stderr
     print(result.stdout)
     for main_thread, other in lines:
+        # The main thread sleeps: no tick. Horovod's background thread polls: 0.13-0.84 of a
+        # core on a quiet machine, 0.026 seen on a loaded one; any tick at all would make a
+        # process-wide idle rule miss this rank.
         assert float(main_thread) < 0.01
-        assert float(other) > 0.05
+        assert float(other) > 0.01
 
 
 @pytest.mark.timeout(420)
