@@ -92,7 +92,7 @@ CONSTANTS = (
     Constant("docs/benchmarks.md", "NCCL's is 10 minutes", "torch's NCCL collective timeout"),
     Constant("docs/benchmarks.md", "20 s", "the channel's silence bound (lost_after_s)"),
     Constant("docs/benchmarks.md", "about 20 ms", "bench/programs/steps_mpi.py's --step-ms"),
-    Constant("docs/benchmarks.md", "never within 120 s", "bench/torch_backend.py's FAULT_TIMEOUT_S"),
+    Constant("docs/benchmarks.md", "never within 120 s", "bench/torch_backend.py: FAULT_TIMEOUT_S"),
     Constant("docs/design.md", "up to 1 s after", "entrypoint/supervise.py's LOSS_SETTLE_S"),
     Constant("docs/design.md", "1 s and 20 s", "heartbeat_interval_s and lost_after_s"),
     Constant("docs/design.md", "20 s", "the channel's silence bound (lost_after_s)"),
@@ -137,17 +137,13 @@ def prose(markdown: str) -> str:
     return _NOT_PROSE.sub(lambda found: re.sub(r"[^\n]", " ", found[0]), markdown)
 
 
-def hand_typed_figures(
-    markdown: str, constants: Sequence[Constant] = ()
-) -> list[tuple[int, str]]:
+def hand_typed_figures(markdown: str, constants: Sequence[Constant] = ()) -> list[tuple[int, str]]:
     """(line, figure) for every measured figure in `markdown`'s prose that none of `constants`
     holds."""
     text = prose(markdown)
     for constant in sorted(constants, key=lambda c: -len(c.text)):  # "20 s + 10 s" before "20 s"
         text = constant.pattern().sub(lambda found: re.sub(r"[^\n]", " ", found[0]), text)
-    return [
-        (text.count("\n", 0, found.start()) + 1, found[0]) for found in FIGURE.finditer(text)
-    ]
+    return [(text.count("\n", 0, found.start()) + 1, found[0]) for found in FIGURE.finditer(text)]
 
 
 def test_no_document_states_a_measured_figure_of_its_own():
@@ -158,8 +154,8 @@ def test_no_document_states_a_measured_figure_of_its_own():
     for path in documents():
         name = str(path.relative_to(REPO))
         ours = [c for c in CONSTANTS if c.file == name]
-        found += [f"{name}:{line}: {figure}" for line, figure in hand_typed_figures(
-            path.read_text(), ours)]  # fmt: skip
+        figures = hand_typed_figures(path.read_text(), ours)
+        found += [f"{name}:{line}: {figure}" for line, figure in figures]
     assert found == []
 
 
@@ -179,12 +175,18 @@ def test_every_constant_still_holds_a_figure():
     [
         ("the last host exited 0.4 s and 4.1 s after the first", ["0.4 s", "4.1 s"]),
         ("walked them every 1.3-4.6 s, 160-450 ms each", ["4.6 s", "450 ms"]),
-        ("the image 6.67 GB -> 7.11 GB, a 447 MB layer, 6 MiB", ["6.67 GB", "7.11 GB", "447 MB",
-                                                                 "6 MiB"]),  # fmt: skip
-        ("2,816 req/s; 79 images/s; 1.2 GB/s; 9.4 Gbit/s", ["2,816 req/s", "79 images/s",
-                                                           "1.2 GB/s", "9.4 Gbit/s"]),  # fmt: skip
-        ("85 % of it, 1% of requests, 3.2x faster, 0.15 of a core", ["85 %", "1%", "3.2x",
-                                                                     "0.15 of a core"]),  # fmt: skip
+        (
+            "the image 6.67 GB -> 7.11 GB, a 447 MB layer, 6 MiB",
+            ["6.67 GB", "7.11 GB", "447 MB", "6 MiB"],
+        ),
+        (
+            "2,816 req/s; 79 images/s; 1.2 GB/s; 9.4 Gbit/s",
+            ["2,816 req/s", "79 images/s", "1.2 GB/s", "9.4 Gbit/s"],
+        ),
+        (
+            "85 % of it, 1% of requests, 3.2x faster, 0.15 of a core",
+            ["85 %", "1%", "3.2x", "0.15 of a core"],
+        ),
         ("took 31 min, 411 s, 2 hours, 90 seconds", ["31 min", "411 s", "2 hours", "90 seconds"]),
         ("py311, TensorFlow 2.14.1, a 32x32 PNG, ml.p4d.24xlarge, 1/100 s, 2 hosts x 2", []),
         ("algo-2 rank 3, port 22000, N x 3 x H x W, 4 hosts, 64 to 70 hosts", []),
