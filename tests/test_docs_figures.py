@@ -156,7 +156,10 @@ def test_no_document_states_a_measured_figure_of_its_own():
         ours = [c for c in CONSTANTS if c.file == name]
         figures = hand_typed_figures(path.read_text(), ours)
         found += [f"{name}:{line}: {figure}" for line, figure in figures]
-    assert found == []
+    assert found == [], (
+        "a measured figure typed by hand: render it (an include block), name the test or "
+        "command that prints it, or, if a constant, add it to CONSTANTS with what sets it"
+    )
 
 
 def test_every_constant_still_holds_a_figure():
