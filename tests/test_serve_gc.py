@@ -9,7 +9,6 @@ load. Frozen, it walks what requests allocate: about 1 ms. Shown to fail without
 The bound is on the collecting thread's CPU time, not its wall time: on a loaded machine the
 scheduler takes the CPU from the server in the middle of a 1 ms collection for as long as it
 likes (a 20.7 ms wall-time collection was seen at load 9), which says nothing of the freeze.
-`-rP` shows the drain line of a passing run.
 """
 
 from __future__ import annotations
@@ -112,7 +111,7 @@ def test_no_full_collection_over_20_ms_of_cpu_with_32_clients(tmp_path: Path) ->
     assert statuses.count(200) == CLIENTS * REQUESTS_PER_CLIENT, output[-2000:]
     match = DRAIN_LINE.search(output)
     assert match, output[-2000:]
-    print(match.group(0))
+    print(match.group(0))  # docs/serve.md: `pytest -s` shows it, with the freeze or without
     full, most_cpu_ms = int(match.group(1)), float(match.group(3))
     # Without a full collection the run proved nothing: the load must bring some about.
     assert full >= 1, match.group(0)
