@@ -59,11 +59,23 @@ def test_an_interrupted_command_loses_its_whole_group(tmp_path: Path, restore_si
     pidfile = tmp_path / "child.pid"
     stop = threading.Event()
     handlers = signals.install_stop_handlers(stop)
-    timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM))
+
+    def stop_once_the_child_runs() -> None:
+        # The stop lands while the command runs, its child started (a fixed 0.5 s could come
+        # before the shell wrote the child's pid where the machine was loaded).
+        deadline = time.monotonic() + 10
+        while not pidfile.exists() or not pidfile.read_text().strip():
+            if time.monotonic() > deadline:
+                break  # the test fails below, naming the missing pid
+            time.sleep(0.02)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    stopper = threading.Thread(target=stop_once_the_child_runs)
     started = time.monotonic()
-    timer.start()
+    stopper.start()
     with pytest.raises(signals.SetupStopped), handlers.setting_up():
         usercode.run_own_group(["sh", "-c", f"sleep 60 & echo $! > {pidfile}; wait"], tmp_path)
+    stopper.join(5)
     assert time.monotonic() - started < usercode.GROUP_END_WAIT_S + 5
     child = int(pidfile.read_text())
     deadline = time.monotonic() + 5
