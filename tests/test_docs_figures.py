@@ -1,10 +1,14 @@
 """Every figure a user reads is rendered by a command: bench/results/*.md are exactly what their
 JSON renders to, README.md and docs/ quote them only through include blocks that equal their
-source (bench/docs.py), and README.md states no measured figure of its own."""
+source (bench/docs.py), and neither states a measured figure of its own outside them: every other
+figure there is a constant of the code, a test or SageMaker, listed in CONSTANTS with what sets
+it."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -35,17 +39,176 @@ def test_every_include_block_equals_its_source():
     assert blocks >= 2
 
 
-# Figures README.md may state: design constants, not measurements.
-README_CONSTANTS = ("20 s of silence",)
-MEASURED = re.compile(r"\b\d+(?:[.,]\d+)? ?(?:GB|MB|GiB|MiB|min|ms|s)\b")
+# ---------------------------------------------------------------------------------------------
+# No hand-typed measurement: a figure outside the blocks is a constant, each one listed below.
+
+# A measured figure: a number with a unit of time, size, rate or ratio ("0.4 s", "1.3-4.6 s",
+# "6.67 GB", "2,816 req/s", "85 %", "3.2x", "0.15 of a core"). Not the tail of a name, a version
+# or a fraction ("py311", "2.14.1", "1/100 s"), nor a dimension ("32x32", "24xlarge").
+FIGURE = re.compile(
+    r"(?<![\w.,/])\d+(?:[.,]\d+)*"
+    r"(?:\ ?(?:ms|s|seconds?|min|minutes?|h|hours?|[KMGT]i?B(?:/s)?|kB|[GM]bit/s"
+    r"|(?:req|requests|images|rows)/s|%|of\ a\ core)|x)"
+    r"(?![\w/])"
+)
+# What a reader does not take for the document's own claim: the rendered blocks, code (fenced,
+# indented, inline: commands, settings, quoted log lines such as `... for 61 s`) and comments.
+_NOT_PROSE = re.compile(
+    r"<!-- include .*?<!-- end include -->"
+    r"|^(?P<fence>```|~~~).*?^(?P=fence)"
+    r"|(?:(?<=\n\n)|(?<=\A))(?: {4}|\t).*?(?=\n(?! {4}|\t|\n)|\Z)"
+    r"|`(?:[^`\n]|\n(?!\n))+`"  # inline code may wrap, within a paragraph
+    r"|<!--.*?-->",
+    re.DOTALL | re.MULTILINE,
+)
 
 
-def test_the_readme_states_no_measured_figure_of_its_own():
-    text = (REPO / "README.md").read_text()
-    text = re.sub(r"```.*?```", "", text, flags=re.DOTALL)
-    for constant in README_CONSTANTS:
-        text = text.replace(constant, "")
-    assert MEASURED.findall(text) == [], "link bench/results/*.md, or render the figure"
+@dataclasses.dataclass(frozen=True)
+class Constant:
+    """A figure that is not a measurement: `text` (whitespace as in the document, any line
+    breaks) holds it wherever it appears in `file`; `why` says what sets it."""
+
+    file: str
+    text: str
+    why: str
+
+    def pattern(self) -> re.Pattern[str]:
+        words = r"\s+".join(map(re.escape, self.text.split()))
+        return re.compile(rf"(?<![\w.]){words}(?!\w)")  # "20 s", not inside "120 s"
+
+
+CONSTANTS = (
+    Constant("README.md", "20 s of silence", "the channel's silence bound (lost_after_s)"),
+    Constant("docs/aws-tf-scripts.md", "5 s bounds", "tf_s3/model_dir.py's _TIMEOUT_S"),
+    Constant("docs/backends.md", "within 10 s", "tests/test_hetero_cluster.py's bound"),
+    Constant("docs/benchmarks.md", "30 s polls", "the sagemaker-training toolkit's workers"),
+    Constant("docs/benchmarks.md", "every 0.25 s", "bench/scale.py's SAMPLE_INTERVAL_S"),
+    Constant(
+        "docs/benchmarks.md",
+        "a 2 s warm-up at 8 clients, then each level 3 times for 3 s",
+        "bench/serving.py's WARMUP_SECONDS, RUNS, SECONDS_PER_RUN",
+    ),
+    Constant("docs/benchmarks.md", "at least 3x Flask's", "issue 30's goal (bench/serving.py)"),
+    Constant("docs/benchmarks.md", "NCCL's is 10 minutes", "torch's NCCL collective timeout"),
+    Constant("docs/benchmarks.md", "20 s", "the channel's silence bound (lost_after_s)"),
+    Constant("docs/benchmarks.md", "about 20 ms", "bench/programs/steps_mpi.py's --step-ms"),
+    Constant("docs/benchmarks.md", "never within 120 s", "bench/torch_backend.py: FAULT_TIMEOUT_S"),
+    Constant("docs/design.md", "up to 1 s after", "entrypoint/supervise.py's LOSS_SETTLE_S"),
+    Constant("docs/design.md", "1 s and 20 s", "heartbeat_interval_s and lost_after_s"),
+    Constant("docs/design.md", "20 s", "the channel's silence bound (lost_after_s)"),
+    Constant("docs/design.md", "20 s + 10 s", "tests/test_cluster.py's bound"),
+    Constant("docs/design.md", "3 s or more", "entrypoint/supervise.py's SUSPECT_SILENCE_S"),
+    Constant("docs/design.md", "within 10 s (a master", "session.py's HELLO_TIMEOUT_S"),
+    Constant("docs/design.md", "30 s after its own SIGTERM", "torchrun's own kill delay"),
+    Constant("docs/design.md", "every 50 ms", "remote_shell.py's CALLBACK_POLL_S"),
+    Constant("docs/design.md", "60 s plus 1 s per host", "orted_callback_timeout's default"),
+    Constant("docs/design.md", "asleep 10 s", "tests/programs/stall/horovod_idle_cpu.py"),
+    Constant("docs/design.md", "600 s", "stall_timeout_seconds' default"),
+    Constant("docs/design.md", "120 s at start and 300 s", "HyperPod's log-cadence rules"),
+    Constant("docs/design.md", "about 5x the", "NVIDIA's resiliency extension's rule"),
+    Constant("docs/design.md", "10 min", "torch's collective timeout"),
+    Constant("docs/design.md", "within 80 s of the hang", "tests/test_stall.py's bound"),
+    Constant("docs/design.md", "for 150 s", "tests/test_stall.py's silent job"),
+    Constant("docs/design.md", "after 1 s", "entrypoint/host/rank_output.py's FLUSH_DELAY_S"),
+    Constant("docs/model.md", "100-150 MB", "SageMaker's guidance for shard sizes"),
+    Constant("docs/sdk.md", "up to 300 s", "sagemaker-train's mpi_driver.py"),
+    Constant("docs/sdk.md", "every 30 s", "sagemaker-train's mpi_driver.py"),
+    Constant("docs/sdk.md", "30 min timeout", "torch's default process-group timeout"),
+    Constant("docs/sdk.md", "gave up at 120 s", "tests/test_sdk_v3.py's wait"),
+    Constant("docs/sdk.md", "within 30 s", "tests/test_sdk_v3.py's FAIL_FAST_S"),
+    Constant("docs/serve.md", "30 s before SIGKILL", "SageMaker's stop of an endpoint's container"),
+    Constant("docs/serve.md", "6 MB", "SAGEMAKER_MAX_PAYLOAD_IN_MB's default"),
+    Constant("docs/serve.md", "about 1 MiB of input", "serve/batching.py's CALL_INPUT_BYTES"),
+    Constant("docs/serve.md", "3 MB request", "the size of AWS's test_large_input body"),
+    Constant("docs/serve.md", "100 MB rule", "SageMaker's batch transform payload limit"),
+    Constant("docs/serve.md", "at most 20 ms", "tests/test_serve_gc.py's LONGEST_FULL_MS"),
+    Constant("docs/serve.md", "400 MB model", "the test's model (test_serve_generic_docker)"),
+    Constant("docs/serve.md", "median under 100 ms", "test_ping_answers_within_100_ms_...'s bound"),
+    Constant("docs/torch.md", "**30 s**", "torch 2.10's torchrun kill delay"),
+    Constant("docs/torch.md", "30 min gloo, 10 min NCCL", "torch's collective timeouts"),
+    Constant("docs/torch.md", "10 minutes for NCCL", "torch's NCCL timeout"),
+    Constant("docs/torch.md", "30 minutes everywhere", "torch's generic default timeout"),
+    Constant("docs/torch.md", "within 10 s", "the torch tests' fail-fast bound"),
+)
+
+
+def prose(markdown: str) -> str:
+    """`markdown` with what is not prose blanked out, each line where it was."""
+    return _NOT_PROSE.sub(lambda found: re.sub(r"[^\n]", " ", found[0]), markdown)
+
+
+def hand_typed_figures(markdown: str, constants: Sequence[Constant] = ()) -> list[tuple[int, str]]:
+    """(line, figure) for every measured figure in `markdown`'s prose that none of `constants`
+    holds."""
+    text = prose(markdown)
+    for constant in sorted(constants, key=lambda c: -len(c.text)):  # "20 s + 10 s" before "20 s"
+        text = constant.pattern().sub(lambda found: re.sub(r"[^\n]", " ", found[0]), text)
+    return [(text.count("\n", 0, found.start()) + 1, found[0]) for found in FIGURE.finditer(text)]
+
+
+def test_no_document_states_a_measured_figure_of_its_own():
+    """README.md and docs/*.md quote measurements only through include blocks: a figure typed
+    by hand goes stale. Render it (bench/report.py, bench/facts.py and a block), name the test
+    or command that prints it, or drop it; a constant goes in CONSTANTS, with what sets it."""
+    found = []
+    for path in documents():
+        name = str(path.relative_to(REPO))
+        ours = [c for c in CONSTANTS if c.file == name]
+        figures = hand_typed_figures(path.read_text(), ours)
+        found += [f"{name}:{line}: {figure}" for line, figure in figures]
+    assert found == []
+
+
+def test_every_constant_still_holds_a_figure():
+    """An entry whose text is gone, or holds no figure, would let the next one through."""
+    unused = []
+    for constant in CONSTANTS:
+        text = prose((REPO / constant.file).read_text())
+        held = [FIGURE.search(found[0]) for found in constant.pattern().finditer(text)]
+        if not any(held):
+            unused.append(constant)
+    assert unused == []
+
+
+@pytest.mark.parametrize(
+    ("line", "figures"),
+    [
+        ("the last host exited 0.4 s and 4.1 s after the first", ["0.4 s", "4.1 s"]),
+        ("walked them every 1.3-4.6 s, 160-450 ms each", ["4.6 s", "450 ms"]),
+        (
+            "the image 6.67 GB -> 7.11 GB, a 447 MB layer, 6 MiB",
+            ["6.67 GB", "7.11 GB", "447 MB", "6 MiB"],
+        ),
+        (
+            "2,816 req/s; 79 images/s; 1.2 GB/s; 9.4 Gbit/s",
+            ["2,816 req/s", "79 images/s", "1.2 GB/s", "9.4 Gbit/s"],
+        ),
+        (
+            "85 % of it, 1% of requests, 3.2x faster, 0.15 of a core",
+            ["85 %", "1%", "3.2x", "0.15 of a core"],
+        ),
+        ("took 31 min, 411 s, 2 hours, 90 seconds", ["31 min", "411 s", "2 hours", "90 seconds"]),
+        ("py311, TensorFlow 2.14.1, a 32x32 PNG, ml.p4d.24xlarge, 1/100 s, 2 hosts x 2", []),
+        ("algo-2 rank 3, port 22000, N x 3 x H x W, 4 hosts, 64 to 70 hosts", []),
+    ],
+)
+def test_a_figure_is_a_number_with_a_unit(line: str, figures: list[str]):
+    assert [figure for _, figure in hand_typed_figures(line)] == figures
+
+
+def test_blocks_code_and_constants_are_not_prose():
+    document = (
+        "Took 3 s.\n"
+        "<!-- include r.md#goals -->\n| start | +0.29 s |\n<!-- end include -->\n"
+        "```sh\nsleep 5 s\n```\n"
+        "\n    Stalled: no rank wrote output for 61 s\n    (indented code)\n\n"
+        "Set `-t 4 s` and wait 20 s of\nsilence; then 7 ms.\n"
+    )
+    assert hand_typed_figures(document) == [(1, "3 s"), (12, "20 s"), (13, "7 ms")]
+    silence = Constant("x.md", "20 s of silence", "a bound")
+    assert hand_typed_figures(document, [silence]) == [(1, "3 s"), (13, "7 ms")]
+    # A constant is a whole figure: "20 s" leaves "120 s" alone.
+    assert hand_typed_figures("120 s", [Constant("x.md", "20 s", "a bound")]) == [(1, "120 s")]
 
 
 REPORT = """## Report

@@ -104,6 +104,7 @@ def test_no_full_collection_over_20_ms_with_32_clients(tmp_path: Path) -> None:
     assert statuses.count(200) == CLIENTS * REQUESTS_PER_CLIENT, output[-2000:]
     match = DRAIN_LINE.search(output)
     assert match, output[-2000:]
+    print(match.group(0))  # docs/serve.md: `pytest -s` shows it, with the freeze or without
     full, longest_ms = int(match.group(1)), float(match.group(2))
     # Without a full collection the run proved nothing: the load must bring some about.
     assert full >= 1, match.group(0)

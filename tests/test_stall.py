@@ -141,8 +141,8 @@ def test_every_line_is_whole_and_tagged_once(make_cluster):
 
 @pytest.mark.timeout(180)
 def test_horovod_polls_while_the_main_thread_sleeps(docker, image):
-    """The measurement docs/design.md "Stalls" quotes: why a rank's idleness is its main
-    thread's CPU time, not its process'."""
+    """The test docs/design.md "Stalls" names (it prints both threads' shares): why a rank's
+    idleness is its main thread's CPU time, not its process'."""
     result = subprocess.run(
         [
             docker, "run", "--rm", "--volume", f"{PROGRAMS}:/stall:ro", "--entrypoint", "mpirun",
