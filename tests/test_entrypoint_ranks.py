@@ -149,8 +149,9 @@ def test_a_stopped_supervisor_cannot_cut_its_ranks_checkpoints_short(tmp_path):
     part.prepare()
     try:
         part.start()
-        wait_for(lambda: part._ranks is not None and len(part._ranks.pids) == 2)
-        time.sleep(0.3)  # both ranks past their handler
+        # Both ranks past their handler: each says so once it is installed (a fixed sleep was
+        # too short where the machine is loaded and a rank's Python starts slowly).
+        wait_for(lambda: part.watch.pump.recent().count("rank up") == 2, timeout=30)
         part.stop(grace_s=30)
         wait_for(lambda: part.poll() is not None, timeout=20)
         assert Path(markers[0]).read_text() == "checkpoint"

@@ -166,7 +166,13 @@ def test_no_prediction_within_the_timeout_is_504_and_the_next_request_is_served(
             {"error": "no prediction within 0.2 s (model busy)"},
         )
         fake.delay_s = 0.0
-        time.sleep(0.6)  # the late call finishes; its answer has no one to go to
+        # The late call finishes (its answer has no one to go to); a fixed sleep could end
+        # before it did where the machine was loaded, and the next request then waited past
+        # its timeout too.
+        deadline = time.monotonic() + 10
+        while not fake.batch_sizes:
+            assert time.monotonic() < deadline, "the late call never finished"
+            time.sleep(0.01)
         assert client.post("/invocations", content=png(1), headers=headers).status_code == 200
 
 

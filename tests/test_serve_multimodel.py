@@ -37,14 +37,17 @@ def model_folder(root: Path, name: str, versions: tuple[int, ...], code: str | N
 
 class Loader:
     """y = x * 0.5 + (version of the folder's highest version); a folder with "bad" in its name
-    fails to load; `gate` holds a load until set."""
+    fails to load; `gate` holds a load until set; `held` is set once a load waits at the gate."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.gate = threading.Event()
         self.gate.set()
+        self.held = threading.Event()
 
     def __call__(self, name: str, folder: Path) -> Runner:
+        if not self.gate.is_set():
+            self.held.set()
         self.gate.wait(10)
         if "bad" in folder.name:
             raise ValueError("Shape must be rank 1 but is rank 0")
@@ -182,7 +185,9 @@ def test_a_load_does_not_stall_requests_to_other_models(tmp_path: Path) -> None:
         loader.gate.clear()
         loading = threading.Thread(target=load, args=(client, "slow", slow))
         loading.start()
-        time.sleep(0.1)
+        # The slow load is under way (a fixed sleep let the second load below go first where
+        # the machine was loaded: it was then the one held at the gate).
+        assert loader.held.wait(10)
         started = time.monotonic()
         assert invoke(client, "first")[0] == 200
         assert load(client, "slow", slow)[0] == 409  # being loaded

@@ -70,8 +70,10 @@ def test_tf_distribute_tasks_are_sampled_but_a_ps_server_is_not():
 
 def test_a_rank_through_the_shim_hands_over_its_output_and_heartbeats(tmp_path: Path):
     read_end, write_end = os.pipe()
+    # "half " waits for its end however slow the machine (the stream's end flushes it anyway):
+    # with a 0.2 s delay a loaded machine could write it alone before "rest" came.
     registry = RankRegistry(
-        tmp_path / "ranks.sock", OutputPump("algo-2", write_end, flush_delay_s=0.2)
+        tmp_path / "ranks.sock", OutputPump("algo-2", write_end, flush_delay_s=60)
     )
     program = (
         "import sys; from smcommon.heartbeat import beat; "

@@ -204,7 +204,12 @@ def test_the_pump_writes_whole_tagged_lines_from_one_writer(tmp_path):
     os.write(write_end, b"b c\npartial")
     os.write(beats_write, b".")
     os.close(beats_write)
-    time.sleep(0.5)
+    # The partial line is written once its delay has passed; only then does its end come (a
+    # fixed sleep raced the pump's thread where the machine was loaded: the two then merged).
+    deadline = time.monotonic() + 10
+    while not (tmp_path / "log").read_bytes().endswith(b"partial\n"):
+        assert time.monotonic() < deadline, "the partial line was never written"
+        time.sleep(0.02)
     os.write(write_end, b"Traceback: boom\n")
     os.close(write_end)
     pump.join(5)
