@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 import sys
 import tarfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -32,18 +30,6 @@ NO_TELEMETRY = {
 }
 
 
-def _remove_containers(docker: str, container_root: Path) -> None:
-    """The SDK leaves its stopped containers behind (`up`, never `down`): remove the ones its
-    compose files name."""
-    import yaml  # noqa: PLC0415 - the SDK's own dependency
-
-    for compose_file in container_root.glob("*/docker-compose.yaml"):
-        services = yaml.safe_load(compose_file.read_text()).get("services", {})
-        names = [service["container_name"] for service in services.values()]
-        if names:
-            subprocess.run([docker, "rm", "-f", *names], capture_output=True, check=False)
-
-
 def local_session(container_root: Path):
     """The SDK's local-mode session: our region, telemetry off, local code (no S3 upload)."""
     import boto3  # noqa: PLC0415 - after the fake credentials are in place
@@ -57,11 +43,12 @@ def local_session(container_root: Path):
 
 
 @pytest.fixture
-def container_root(tmp_path: Path, docker: str) -> Iterator[Path]:
+def container_root(tmp_path: Path, sdk_containers: list[str]) -> Path:
+    """The SDK's folder for its compose files; its containers go when the test ends
+    (conftest's sdk_containers)."""
     root = tmp_path / "sdk"
     root.mkdir()
-    yield root
-    _remove_containers(docker, root)
+    return root
 
 
 @pytest.fixture
