@@ -147,7 +147,8 @@ $(SDK3_VENV)/.installed: requirements-sdk3.txt
 
 .PHONY: test
 # The unit tests run first and stop the run on a failure, before any image is built; each
-# pytest run keeps its per-test durations in build/test-results/ (junit XML).
+# pytest run keeps its per-test durations in build/test-results/ (junit XML). Tests marked
+# `bench` check the benchmark's own parts: `make bench` runs them (bench-preflight).
 test: setup venv venv-sdk3 ## Run every test: unit tests, then the cluster tests on the CPU images
 	@$(PY) -m bench.facts start test
 	$(PY) -m pytest -m "not docker" --junitxml=build/test-results/unit.xml $(PYTEST_ARGS)
@@ -155,7 +156,7 @@ test: setup venv venv-sdk3 ## Run every test: unit tests, then the cluster tests
 	$(MAKE) build FLAVOR=torch-cpu DOCKER=$(DOCKER)
 	SM_IMAGE=$(IMAGE):cpu SM_TORCH_IMAGE=$(IMAGE):torch-cpu DOCKER=$(DOCKER) \
 	    SDK3_PYTHON=$(abspath $(SDK3_VENV))/bin/python \
-	    $(PY) -m pytest -m docker --junitxml=build/test-results/docker.xml $(PYTEST_ARGS)
+	    $(PY) -m pytest -m "docker and not bench" --junitxml=build/test-results/docker.xml $(PYTEST_ARGS)
 	@$(PY) -m bench.facts finish test
 
 .PHONY: test-unit
@@ -196,14 +197,22 @@ train: venv ## Launch a SageMaker job from the image pushed at HEAD (ARGS="--ins
 # ---------------------------------------------------------------------------------------------
 # Benchmarks
 
+# The benchmark's own parts (its peers, in <IMAGE>-peers: tests marked `bench`) are checked
+# before it measures anything, not by `make test`: nothing of the product is proven there, and
+# their image is rebuilt after every change to the CPU image.
+.PHONY: bench-preflight
+bench-preflight: venv ## Check the benchmark's own parts (the serving peers answer right)
+	SM_IMAGE=$(IMAGE):cpu DOCKER=$(DOCKER) CA_BUNDLE='$(CA_BUNDLE)' \
+	    $(PY) -m pytest -m bench --junitxml=build/test-results/bench.xml $(PYTEST_ARGS)
+
 .PHONY: bench
-bench: venv ## Measure overhead, faults, allreduce, input pipeline, torch; then 4-64 hosts (bench.scale)
+bench: venv bench-preflight ## Measure overhead, faults, allreduce, input pipeline, torch; then 4-64 hosts (bench.scale)
 	CA_BUNDLE='$(CA_BUNDLE)' $(PY) -m bench --image $(IMAGE):cpu --torch-image $(IMAGE):torch-cpu --docker $(DOCKER) \
 	    --out bench/results
 	DOCKER=$(DOCKER) $(PY) -m bench.scale --image $(IMAGE):cpu --out bench/results
 
 .PHONY: bench-quick
-bench-quick: venv ## An 8-minute pass over every benchmark (1 run, 2 hosts), results to build/bench
+bench-quick: venv bench-preflight ## An 8-minute pass over every benchmark (1 run, 2 hosts), results to build/bench
 	CA_BUNDLE='$(CA_BUNDLE)' $(PY) -m bench --quick --image $(IMAGE):cpu --torch-image $(IMAGE):torch-cpu \
 	    --docker $(DOCKER) --out build/bench
 

@@ -94,6 +94,9 @@ class LoadLevel:
     runs: int = 1
     runs_rps: tuple[float, ...] = ()
     p999_ms: float | None = None  # absent from results measured before it was
+    # The server container's CPU time (every process and thread) per answered request: what a
+    # request costs, which the machine's load changes far less than the rates.
+    cpu_us_per_request: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -189,9 +192,16 @@ def summarize_runs(
     concurrency: int,
     runs: Sequence[WrkRun],
     loads: Sequence[float | None] = (),
+    *,
+    cpu_us: Sequence[int | None] = (),
 ) -> LoadLevel:
-    """The medians of a level's runs (each figure its own median)."""
+    """The medians of a level's runs (each figure its own median); `cpu_us`: the server's CPU
+    time over each run, in microseconds."""
     rates = [run.ok_rps for run in runs]
+    per_request = [
+        used / run.requests if used is not None and run.requests else None
+        for run, used in zip(runs, cpu_us, strict=False)
+    ]
     return LoadLevel(
         server=server,
         concurrency=concurrency,
@@ -206,7 +216,28 @@ def summarize_runs(
         load1=_median(loads),
         runs=len(runs),
         runs_rps=tuple(round(rate, 1) for rate in rates),
+        cpu_us_per_request=_median(per_request),
     )
+
+
+def parse_cpu_usage(text: str) -> int | None:
+    """A cgroup's CPU time so far, in microseconds: cgroup v2's cpu.stat (usage_usec) or v1's
+    cpuacct.usage (nanoseconds)."""
+    found = re.search(r"^usage_usec (\d+)$", text, re.M)
+    if found:
+        return int(found.group(1))
+    return int(text.strip()) // 1000 if text.strip().isdigit() else None
+
+
+def container_cpu_us(docker: str, name: str) -> int | None:
+    """The CPU time of everything in container `name` so far (its own cgroup, read inside it:
+    the path outside depends on the host's cgroup driver). The `cat` itself adds a few ms."""
+    read = docker_command(
+        docker, "exec", name, "sh", "-c",
+        "cat /sys/fs/cgroup/cpu.stat 2>/dev/null || cat /sys/fs/cgroup/cpuacct/cpuacct.usage",
+        check=False,
+    )  # fmt: skip
+    return parse_cpu_usage(read.stdout)
 
 
 def wrk_argv(url: str, concurrency: int, seconds: float) -> list[str]:
@@ -360,7 +391,8 @@ def serving_lines(result: ServingResult | None) -> list[str]:
         f"Every server alone on the machine, the same models, one request = one instance, "
         f"load from {result.load_generator or 'the load generator'} (keep-alive connections "
         f"= clients); medians of {result.runs} run(s) of {result.seconds_per_level:g} s per "
-        "level after a warm-up; load: the machine's 1-minute load average before the runs. "
+        "level after a warm-up; load: the machine's 1-minute load average before the runs; "
+        "CPU: the server container's CPU time (every process and thread) per request. "
         f"Digits model test accuracy {result.test_accuracy:.3f}. "
         "Flask: gunicorn with "
         f"{BASELINE_WORKERS} sync workers calling the SavedModel once per request "
@@ -382,7 +414,7 @@ def serving_lines(result: ServingResult | None) -> list[str]:
         ),
     )
     header = ["Model", "Clients", "Server", "Req/s", "p50 (ms)", "p99 (ms)", "p99.9 (ms)",
-              "Load 1m", "Errors"]  # fmt: skip
+              "CPU (µs/req)", "Load 1m", "Errors"]  # fmt: skip
     table = [
         [
             lv.model,
@@ -392,6 +424,7 @@ def serving_lines(result: ServingResult | None) -> list[str]:
             _cell(lv.p50_ms, 2),
             _cell(lv.p99_ms, 1),
             _cell(lv.p999_ms, 1),
+            _cell(lv.cpu_us_per_request, 0),
             _cell(lv.load1, 1),
             str(lv.errors),
         ]
@@ -576,14 +609,23 @@ def measure_model(  # noqa: PLR0917  (one model's parameters)
             url = f"http://{server.address}:{server.port}{request.path}"
             wrk.run(url, request, 8, WARMUP_SECONDS)
             for concurrency in CONCURRENCY:
-                done = [wrk.run(url, request, concurrency, seconds) for _ in range(runs)]
+                done, used = [], []
+                for _ in range(runs):
+                    before = container_cpu_us(docker, server.name)
+                    done.append(wrk.run(url, request, concurrency, seconds))
+                    after = container_cpu_us(docker, server.name)
+                    used.append(after - before if after is not None and before is not None
+                                else None)  # fmt: skip
                 level = summarize_runs(
-                    name, model, concurrency, [r for r, _ in done], [lo for _, lo in done]
-                )
+                    name, model, concurrency, [r for r, _ in done], [lo for _, lo in done],
+                    cpu_us=used,
+                )  # fmt: skip
                 log.info(
-                    "serving %s, %s c=%d: %.0f req/s p50 %s ms p99 %s ms (load %s, %d errors)",
-                    model, name, concurrency, level.throughput_rps,
-                    _cell(level.p50_ms, 2), _cell(level.p99_ms), _cell(level.load1), level.errors,
+                    "serving %s, %s c=%d: %.0f req/s p50 %s ms p99 %s ms, %s us CPU/request "
+                    "(load %s, %d errors)",
+                    model, name, concurrency, level.throughput_rps, _cell(level.p50_ms, 2),
+                    _cell(level.p99_ms), _cell(level.cpu_us_per_request, 0), _cell(level.load1),
+                    level.errors,
                 )  # fmt: skip
                 levels.append(level)
         finally:

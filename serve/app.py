@@ -28,6 +28,7 @@ from starlette.applications import Starlette
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from serve import heap, hooks, page
 from serve.errors import JSON, ModelError, ServeError, error_body, one_line
@@ -43,6 +44,8 @@ EXIT_BAD_INPUT = 2
 # uvicorn's code for a worker that cannot start: its parent then stops instead of restarting it
 # (uvicorn.config.STARTUP_FAILURE), and main.py exits 2.
 EXIT_WORKER_CANNOT_START = 3
+# nginx's status for a request whose client closed the connection first (no one reads it).
+CLIENT_GONE = 499
 
 # Settings -> the runner for the model folder (runs in a worker thread; tests pass stand-ins).
 Loader = Callable[[Settings], Runner]
@@ -100,19 +103,57 @@ class State:
         return self.runner
 
 
-def _error(status: int, message: str, what: str) -> Response:
+def _error(status: int, message: str, what: str) -> Outgoing:
     log.warning("%s -> %d: %s", what, status, message)
-    return Response(error_body(message), status, media_type=JSON)
+    return Outgoing(status, error_body(message), JSON)
 
 
 def _reply(outgoing: Outgoing) -> Response:
     return Response(outgoing.body, outgoing.status, media_type=outgoing.media_type)
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
-    declared = request.headers.get("content-length")
+def _content_type(media_type: str) -> bytes:
+    # As Starlette's Response: a text/* type without a charset is sent as UTF-8's.
+    if media_type.startswith("text/") and "charset=" not in media_type.lower():
+        media_type += "; charset=utf-8"
+    return media_type.encode("latin-1")
+
+
+async def _send(send: Send, outgoing: Outgoing) -> None:
+    """One whole answer, as Starlette's Response would send it."""
+    headers = [(b"content-length", str(len(outgoing.body)).encode("latin-1"))]
+    if outgoing.body or outgoing.status != CLIENT_GONE:
+        headers.append((b"content-type", _content_type(outgoing.media_type)))
+    await send({"type": "http.response.start", "status": outgoing.status, "headers": headers})
+    await send({"type": "http.response.body", "body": outgoing.body})
+
+
+def _check_declared_size(declared: str | None, limit: int) -> None:
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise ServeError(413, f"body of {declared} bytes is over the limit of {limit}")
+
+
+async def _receive_body(receive: Receive, declared: str | None, limit: int) -> bytes:
+    """The request's body straight from the ASGI messages (what Starlette's Request.stream
+    does), refused once over `limit`."""
+    _check_declared_size(declared, limit)
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message: Message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnect
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise ServeError(413, f"body is over the limit of {limit} bytes")
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    _check_declared_size(request.headers.get("content-length"), limit)
     chunks: list[bytes] = []
     size = 0
     async for chunk in request.stream():
@@ -125,10 +166,10 @@ async def _read_body(request: Request, limit: int) -> bytes:
 
 async def _guarded(
     settings: Settings, what: str, work: Callable[[], Awaitable[Outgoing]]
-) -> Response:
+) -> Outgoing:
     """One request's answer, or its error as one JSON line with its status."""
     try:
-        return _reply(await work())
+        return await work()
     except ServeError as exc:
         return _error(exc.status, str(exc), what)
     except TimeoutError:
@@ -137,7 +178,7 @@ async def _guarded(
         )
     except ClientDisconnect:
         log.warning("%s: the client went away", what)
-        return Response(status_code=499)
+        return Outgoing(CLIENT_GONE, b"")
     except Exception as exc:  # noqa: BLE001  (one line, never a traceback to the client)
         return _error(500, one_line(exc), what)
 
@@ -202,7 +243,7 @@ def create_app(
     loader: Loader = load_model,
     on_fatal: Callable[[str], None] = exit_process,
     models: ModelLoader | None = None,
-) -> Starlette:
+) -> ASGIApp:
     """The app for one worker (uvicorn calls this in each worker process: factory=True).
     `loader` loads and warms up the model; `on_fatal` gets the one line when it cannot;
     `models` loads one model of a multi-model endpoint (tests pass stand-ins for TensorFlow)."""
@@ -236,12 +277,14 @@ def create_app(
     def incoming(request: Request) -> Incoming:
         return Incoming(request.headers, lambda: _read_body(request, settings.max_payload_bytes))
 
-    def guarded(what: str, work: Callable[[], Awaitable[Outgoing]]) -> Awaitable[Response]:
-        return _guarded(settings, what, work)
+    async def guarded(what: str, work: Callable[[], Awaitable[Outgoing]]) -> Response:
+        return _reply(await _guarded(settings, what, work))
+
+    def ping_status() -> int:
+        return 200 if state.manager is not None or state.runner is not None else 503
 
     async def ping(_request: Request) -> Response:
-        ready = state.manager is not None or state.runner is not None
-        return Response(status_code=200 if ready else 503)
+        return Response(status_code=ping_status())
 
     async def parameters(_request: Request) -> Response:
         return JSONResponse(execution_parameters(settings))
@@ -258,13 +301,13 @@ def create_app(
         model = state.runner.models[0]
         return HTMLResponse(page.render(model.name, model.classes, None))
 
-    async def invocations(request: Request) -> Response:
-        async def work() -> Outgoing:
-            if state.manager is not None:
-                raise ServeError(400, "Invocation request does not contain model name.")
-            return await state.ready().invoke(incoming(request))
+    async def invoke(request: Incoming) -> Outgoing:
+        if state.manager is not None:
+            raise ServeError(400, "Invocation request does not contain model name.")
+        return await state.ready().invoke(request)
 
-        return await guarded("POST /invocations", work)
+    async def invocations(request: Request) -> Response:
+        return await guarded("POST /invocations", lambda: invoke(incoming(request)))
 
     async def tfs_rest(request: Request) -> Response:
         path = request.path_params["path"]
@@ -287,7 +330,45 @@ def create_app(
     ]
     if state.manager is not None:
         routes += _model_routes(state.manager, incoming, guarded, settings)
-    return Starlette(routes=routes, lifespan=lifespan)
+    return HotPaths(Starlette(routes=routes, lifespan=lifespan), settings, ping_status, invoke)
+
+
+@dataclasses.dataclass(frozen=True)
+class HotPaths:
+    """GET /ping and POST /invocations answered straight from ASGI; every other request (and
+    the lifespan) goes to the Starlette app. These two carry every request of an endpoint:
+    Starlette's middleware, router and Request/Response objects cost each of them more CPU than
+    the rest of the path (bench: serving), and both answers are the same as the routes'
+    (tests/test_serve_app.py and test_serve_tfs.py run through here)."""
+
+    app: ASGIApp
+    settings: Settings
+    ping_status: Callable[[], int]
+    invoke: Callable[[Incoming], Awaitable[Outgoing]]
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            method, path = scope["method"], scope["path"]
+            if method == "POST" and path == "/invocations":
+                request = _incoming(scope, receive, self.settings)
+                answer = await _guarded(
+                    self.settings, "POST /invocations", lambda: self.invoke(request)
+                )
+                await _send(send, answer)
+                return
+            if method == "GET" and path == "/ping":
+                await _send(send, Outgoing(self.ping_status(), b""))
+                return
+        await self.app(scope, receive, send)
+
+
+def _incoming(scope: Scope, receive: Receive, settings: Settings) -> Incoming:
+    headers: dict[str, str] = {}
+    for name, value in scope["headers"]:
+        # The first of repeated headers, as Starlette's Headers.get.
+        headers.setdefault(name.decode("latin-1"), value.decode("latin-1"))
+    declared = headers.get("content-length")
+    return Incoming(headers, lambda: _receive_body(receive, declared, settings.max_payload_bytes))
 
 
 def _json(document: object) -> Outgoing:

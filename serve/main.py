@@ -84,6 +84,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         # SageMaker's front end keeps connections open; a short keep-alive only costs reconnects.
         timeout_keep_alive=75,
         server_header=False,
+        # X-Forwarded-* is trusted only from 127.0.0.1 by default, and SageMaker's front end is
+        # not there: the middleware would only cost every request a call.
+        proxy_headers=False,
     )
     if not stop_signals:
         # No one asked it to stop: its workers could not load the model (they said why).

@@ -126,6 +126,27 @@ def make_cluster(tmp_path: Path, docker: str, image: str) -> Iterator:
 
 
 @pytest.fixture
+def sdk_containers(monkeypatch: pytest.MonkeyPatch, docker: str) -> Iterator[list[str]]:
+    """Every container the SDK v2's local mode names in a compose file during the test, removed
+    after it. The SDK runs `compose up`, never `down`, and deletes an endpoint's compose folder
+    when the endpoint is deleted: its stopped containers cannot be found from the files later."""
+    from sagemaker.local import image  # noqa: PLC0415 - only where the SDK runs
+
+    names: list[str] = []
+    generate = image._SageMakerContainer._generate_compose_file
+
+    def recording(self: object, *args: object, **kwargs: object) -> dict:
+        content = generate(self, *args, **kwargs)
+        names.extend(service["container_name"] for service in content["services"].values())
+        return content
+
+    monkeypatch.setattr(image._SageMakerContainer, "_generate_compose_file", recording)
+    yield names
+    if names:
+        subprocess.run([docker, "rm", "-f", *names], capture_output=True, check=False)
+
+
+@pytest.fixture
 def fake_aws_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
     """Credentials and a region for botocore's Stubber and moto; no request leaves the machine."""
     for key, value in {

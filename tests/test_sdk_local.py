@@ -10,12 +10,9 @@ test process tries.
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
 import sys
 import tarfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -33,18 +30,6 @@ NO_TELEMETRY = {
 }
 
 
-def _remove_containers(docker: str, container_root: Path) -> None:
-    """The SDK leaves its stopped containers behind (`up`, never `down`): remove the ones its
-    compose files name."""
-    import yaml  # noqa: PLC0415 - the SDK's own dependency
-
-    for compose_file in container_root.glob("*/docker-compose.yaml"):
-        services = yaml.safe_load(compose_file.read_text()).get("services", {})
-        names = [service["container_name"] for service in services.values()]
-        if names:
-            subprocess.run([docker, "rm", "-f", *names], capture_output=True, check=False)
-
-
 def local_session(container_root: Path):
     """The SDK's local-mode session: our region, telemetry off, local code (no S3 upload)."""
     import boto3  # noqa: PLC0415 - after the fake credentials are in place
@@ -58,11 +43,12 @@ def local_session(container_root: Path):
 
 
 @pytest.fixture
-def container_root(tmp_path: Path, docker: str) -> Iterator[Path]:
+def container_root(tmp_path: Path, sdk_containers: list[str]) -> Path:
+    """The SDK's folder for its compose files; its containers go when the test ends
+    (conftest's sdk_containers)."""
     root = tmp_path / "sdk"
     root.mkdir()
-    yield root
-    _remove_containers(docker, root)
+    return root
 
 
 @pytest.fixture
@@ -183,50 +169,3 @@ def test_outside_connections_sees_lookups_and_connects_but_not_local_ones():
         sys.audit("socket.connect", None, "/var/run/docker.sock")
     sys.audit("socket.connect", None, ("52.94.0.2", 443))
     assert attempts == ["lookup sagemaker.us-east-1.amazonaws.com", "connect 52.94.0.1:443"]
-
-
-@pytest.mark.docker(image=os.environ.get("SM_TORCH_IMAGE", "sm-horovod:torch-cpu"))
-@pytest.mark.timeout(400)
-def test_pytorch_estimator_torch_distributed_trains_the_example_on_two_hosts(
-    sdk_environment: None,
-    container_root: Path,
-    digits_dir: dict[str, Path],
-    tmp_path: Path,
-    capfd: pytest.CaptureFixture[str],
-):
-    from sagemaker.pytorch import PyTorch  # noqa: PLC0415 - after the fake credentials
-
-    output = tmp_path / "output"
-    output.mkdir()
-    with outside_connections() as attempts:
-        session = local_session(container_root)
-        estimator = PyTorch(
-            entry_point="train_ddp.py",
-            source_dir=str(Path(__file__).parent.parent / "examples" / "torch"),
-            image_uri=os.environ.get("SM_TORCH_IMAGE", "sm-horovod:torch-cpu"),
-            role=FAKE_ROLE,
-            instance_count=2,
-            instance_type="local",
-            # Required even with image_uri (the SDK looks them up before it reads image_uri).
-            framework_version="2.3",
-            py_version="py311",
-            distribution={"torch_distributed": {"enabled": True}},
-            hyperparameters={"epochs": 2},
-            output_path=f"file://{output}",
-            sagemaker_session=session,
-        )
-        estimator.fit(
-            {"training": f"file://{digits_dir['train']}", "test": f"file://{digits_dir['test']}"},
-            wait=True,
-        )
-    logs = capfd.readouterr().out
-    (tmp_path / "sdk.log").write_text(logs)
-    assert attempts == [], f"the SDK tried to reach outside this machine: {attempts}"
-    # torchrun on both hosts (the SDK names them algo-<n>-<suffix>), one world of 2 ranks.
-    assert len(re.findall(r"torchrun --nnodes 2 --nproc-per-node 1 --node-rank [01] ", logs)) >= 2
-    assert "rank 1 of 2" in logs, logs[-3000:]
-    accuracies = [float(value) for value in re.findall(r"test_accuracy=([0-9.]+)", logs)]
-    assert accuracies and accuracies[-1] >= 0.8, logs[-3000:]
-    model_tar = next(output.rglob("model.tar.gz"))
-    with tarfile.open(model_tar) as archive:
-        assert {"model.pth", "classes.json"} <= set(archive.getnames())

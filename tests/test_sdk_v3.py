@@ -29,7 +29,7 @@ import yaml
 
 from harness.cluster import docker_command
 from harness.digits import DIGITS_HYPERPARAMETERS, logistic_regression_accuracy
-from tests.conftest import compose_available, skip_or_fail
+from tests.conftest import compose_available, image_name, skip_or_fail
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(600)]
 
@@ -42,7 +42,7 @@ FALLBACK_LOG = "network_interface_name 'ethwe' does not exist on this host; usin
 SDK3_EPOCHS = 8
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def sdk3_python() -> str:
     python = os.environ.get("SDK3_PYTHON") or str(REPO / ".venv-sdk3" / "bin" / "python")
     problem = None
@@ -55,12 +55,9 @@ def sdk3_python() -> str:
     return python
 
 
-@pytest.fixture
-def job_root(tmp_path: Path) -> Iterator[Path]:
-    """The job's local_container_root. sdk3_job.py removes the SDK's containers and network
-    itself (`compose down`); this does it again when the job was killed (a timeout)."""
-    root = tmp_path / "job"
-    yield root
+def compose_down(root: Path) -> None:
+    """sdk3_job.py removes the SDK's containers and network itself (`compose down`); this does
+    it again when the job was killed (a timeout)."""
     compose_file = root / "docker-compose.yaml"
     if compose_file.is_file():
         compose = ["docker-compose"] if shutil.which("docker-compose") else ["docker", "compose"]
@@ -70,6 +67,14 @@ def job_root(tmp_path: Path) -> Iterator[Path]:
             timeout=120,
             check=False,
         )
+
+
+@pytest.fixture
+def job_root(tmp_path: Path) -> Iterator[Path]:
+    """The job's local_container_root, its containers removed after the test."""
+    root = tmp_path / "job"
+    yield root
+    compose_down(root)
 
 
 def run_job(python: str, image: str, root: Path, *args: str) -> tuple[dict, str]:
@@ -90,17 +95,35 @@ def run_job(python: str, image: str, root: Path, *args: str) -> tuple[dict, str]
     return summary, output
 
 
-def test_model_trainer_trains_the_builtin_model_on_two_hosts(
-    sdk3_python, image, job_root, digits_dir
-):
-    """Pure bring-your-own-container: no source code, no command; our `train` runs."""
+@dataclasses.dataclass(frozen=True)
+class BuiltinJob:
+    root: Path  # the job's local_container_root
+    output: str  # sdk3_job.py's whole output
+
+
+@pytest.fixture(scope="module")
+def builtin_job(
+    sdk3_python: str, digits_dir: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+) -> BuiltinJob:
+    """The built-in model trained by ModelTrainer on 2 hosts, once for this module: one test
+    checks the training, the ModelBuilder test deploys the model it brought back (a v3 job
+    costs a compose up and a TensorFlow start per host)."""
     hyperparameters = {**DIGITS_HYPERPARAMETERS, "epochs": SDK3_EPOCHS}
     channels = [f"--channel={name}={path}" for name, path in digits_dir.items()]
-    root = job_root
-    _, output = run_job(
-        sdk3_python, image, root, "--instance-count", "2",
-        "--hyperparameters", json.dumps(hyperparameters), *channels,
-    )  # fmt: skip
+    root = tmp_path_factory.mktemp("sdk3-builtin") / "job"
+    try:
+        _, output = run_job(
+            sdk3_python, image_name(), root, "--instance-count", "2",
+            "--hyperparameters", json.dumps(hyperparameters), *channels,
+        )  # fmt: skip
+    finally:
+        compose_down(root)
+    return BuiltinJob(root, output)
+
+
+def test_model_trainer_trains_the_builtin_model_on_two_hosts(builtin_job: BuiltinJob) -> None:
+    """Pure bring-your-own-container: no source code, no command; our `train` runs."""
+    root, output = builtin_job.root, builtin_job.output
     assert output.count("no command; /opt/ml/input/config/resourceconfig.json exists") == 2
     assert len(re.findall(rf"host=algo-\d .*{re.escape(FALLBACK_LOG)}", output)) == 2, output
     assert "running 2 ranks on 2 hosts" in output
@@ -384,18 +407,15 @@ def deploy_and_invoke(python: str, image: str, model_dir: Path, body: object) ->
     return summary["body"]
 
 
-def test_v3_model_builder_serves_the_builtin_model(sdk3_serve_python, image, job_root, digits_dir):
-    """TensorFlow image: ModelTrainer trains the built-in model (one host, one epoch), then
-    ModelBuilder deploys its model folder to a local container and invokes it once."""
-    hyperparameters = {**DIGITS_HYPERPARAMETERS, "epochs": 1}
-    channels = [f"--channel={name}={path}" for name, path in digits_dir.items()]
-    run_job(
-        sdk3_serve_python, image, job_root, "--hyperparameters", json.dumps(hyperparameters),
-        *channels,
-    )  # fmt: skip
+def test_v3_model_builder_serves_the_builtin_model(
+    sdk3_serve_python, image, builtin_job: BuiltinJob, digits_dir
+):
+    """TensorFlow image: ModelBuilder deploys the model folder that ModelTrainer brought back
+    from the built-in model's job (builtin_job) to a local container and invokes it once."""
     pictures = sorted((digits_dir["test"] / "7").glob("*.png"))[:2]
     body = {"instances": [{"b64": base64.b64encode(p.read_bytes()).decode()} for p in pictures]}
-    answer = deploy_and_invoke(sdk3_serve_python, image, job_root / "artifacts" / "model", body)
+    model_dir = builtin_job.root / "artifacts" / "model"
+    answer = deploy_and_invoke(sdk3_serve_python, image, model_dir, body)
     predictions = answer["predictions"]  # type: ignore[index]
     assert len(predictions) == 2, answer
     assert all(p["label"] in [str(d) for d in range(10)] for p in predictions), answer

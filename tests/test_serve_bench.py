@@ -26,6 +26,7 @@ from bench.serving import (
     WrkRun,
     build_argv,
     ca_bundle,
+    parse_cpu_usage,
     parse_wrk,
     requests_for,
     server_plans,
@@ -117,6 +118,21 @@ def test_summarize_runs_takes_each_figures_median() -> None:
         runs_rps=(100.0, 300.0, 200.0),
     )
     assert summarize_runs(OURS, MLP, 1, []).p50_ms is None
+
+
+def test_cpu_per_request_is_each_runs_cpu_over_its_requests_then_the_median() -> None:
+    runs = [_run(100, 5.0, 30.0), _run(200, 2.0, 10.0), _run(300, 9.0, 20.0)]
+    # 300, 600 and 900 responses; a run whose reading failed is left out.
+    level = summarize_runs(OURS, MLP, 32, runs, cpu_us=[90_000, None, 270_000])
+    assert level.cpu_us_per_request == 300.0
+    assert summarize_runs(OURS, MLP, 32, runs).cpu_us_per_request is None
+
+
+def test_cpu_usage_reads_cgroup_v2_and_v1() -> None:
+    v2 = "usage_usec 123456\nuser_usec 100000\nsystem_usec 23456\n"
+    assert parse_cpu_usage(v2) == 123456
+    assert parse_cpu_usage("987654321\n") == 987654
+    assert parse_cpu_usage("cat: no such file\n") is None
 
 
 def test_wrk_argv_uses_at_most_two_threads_and_never_more_than_connections() -> None:
@@ -254,11 +270,11 @@ def test_table_groups_by_model_then_clients_and_round_trips_json() -> None:
     assert "wrk 4.1.0" in lines[2] and "medians of 3 run(s)" in lines[2]
     assert (
         lines[4]
-        == "| Model | Clients | Server | Req/s | p50 (ms) | p99 (ms) | p99.9 (ms) | Load 1m "
-        "| Errors |"
+        == "| Model | Clients | Server | Req/s | p50 (ms) | p99 (ms) | p99.9 (ms) | CPU (µs/req) "
+        "| Load 1m | Errors |"
     )
     rows = [line for line in lines[6:] if line.startswith("| ")]
-    assert rows[0] == f"| {MLP} | 1 | {OURS} | 400 | 2.00 | 4.0 | - | 1.2 | 0 |"
+    assert rows[0] == f"| {MLP} | 1 | {OURS} | 400 | 2.00 | 4.0 | - | - | 1.2 | 0 |"
     assert [row.split(" | ")[2] for row in rows[2:7]] == [OURS, BASELINE, KSERVE, MLSERVER, FLOOR]
     assert rows[-1].startswith(f"| {TEXT} | 32 | {MLSERVER} | 500 |")
     assert serving_from_json(json.loads(json.dumps(dataclasses.asdict(result)))) == result

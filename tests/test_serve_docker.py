@@ -258,10 +258,12 @@ NO_TELEMETRY = {
 
 @pytest.fixture
 def sdk_session(
-    monkeypatch: pytest.MonkeyPatch, fake_aws_credentials: None, tmp_path: Path, docker: str
-) -> Iterator[object]:
-    import subprocess  # noqa: PLC0415
-
+    monkeypatch: pytest.MonkeyPatch,
+    fake_aws_credentials: None,
+    tmp_path: Path,
+    sdk_containers: list[str],
+) -> object:
+    """The SDK's local-mode session; its containers go when the test ends (sdk_containers)."""
     import boto3  # noqa: PLC0415 - after the fake credentials are in place
     from sagemaker.local import LocalSession  # noqa: PLC0415
 
@@ -276,15 +278,7 @@ def sdk_session(
         boto_session=boto3.Session(region_name="us-east-1"), sagemaker_config=NO_TELEMETRY
     )
     session.config = {"local": {"local_code": True, "container_root": str(root)}}
-    yield session
-    # The SDK leaves stopped containers behind: remove the ones its compose files name.
-    import yaml  # noqa: PLC0415 - the SDK's own dependency
-
-    for compose_file in root.glob("*/docker-compose.yaml"):
-        services = yaml.safe_load(compose_file.read_text()).get("services", {})
-        names = [service["container_name"] for service in services.values()]
-        if names:
-            subprocess.run([docker, "rm", "-f", *names], capture_output=True, check=False)
+    return session
 
 
 @pytest.mark.timeout(400)

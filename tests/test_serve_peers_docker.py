@@ -1,6 +1,9 @@
 """The serving benchmark's peers (bench/serving.py) answer correctly before anyone times them:
 each one, started as the benchmark starts it in <IMAGE>-peers, answers one request per model
-with what the SavedModel itself returns (the floor: its constant body), and wrk runs there."""
+with what the SavedModel itself returns (the floor: its constant body), and wrk runs there.
+
+These check the benchmark, not the product (no peer here is `serve`, which the serve tests
+prove): marked `bench`, they are `make bench`'s preflight and left out of `make test`."""
 
 from __future__ import annotations
 
@@ -34,7 +37,7 @@ from bench.serving import (
 from harness.serving import call_directly, make_models
 from tests.conftest import image_name
 
-pytestmark = pytest.mark.docker
+pytestmark = [pytest.mark.docker, pytest.mark.bench]
 
 DOCKER = os.environ.get("DOCKER", "docker")
 # make_models' image classifier (classes dark/light) stands in for the digits CNN: same input.

@@ -3,13 +3,15 @@ same server as the TensorFlow images. The SDK v2 in local mode trains the exampl
 on 2 hosts, deploys it on the same image and predicts a numpy array (the training script's
 model_fn), then the same model with a custom inference.py (JSON in, JSON out) and with no code at
 all (TorchScript); plain HTTP for the bad inputs, each one line with its status while the server
-keeps answering."""
+keeps answering. That training is also the suite's one run of the SDK v2 `PyTorch` estimator with
+`torch_distributed` (torchrun on both hosts, the example's accuracy): one fit, not two."""
 
 from __future__ import annotations
 
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import tarfile
@@ -22,7 +24,12 @@ import pytest
 from harness.serving import ServeContainer, post
 from tests.outside import outside_connections
 from tests.test_sdk_local import FAKE_ROLE, container_root, local_session, sdk_environment
-from tests.test_torch_image import EXAMPLE_DIR, docker_with_torch_image, torch_image_name
+from tests.test_torch_image import (
+    EXAMPLE_DIR,
+    docker_with_torch_image,
+    final_accuracy,
+    torch_image_name,
+)
 
 pytestmark = docker_with_torch_image
 
@@ -60,12 +67,13 @@ def run_in_image(docker: str, script: str, work: Path, *mounts: str) -> None:
 
 
 @pytest.mark.timeout(1200)
-def test_sdk_trains_on_two_hosts_deploys_and_predicts(
+def test_sdk_trains_on_two_hosts_deploys_and_predicts(  # noqa: PLR0917 (fixtures)
     sdk_environment: None,
     container_root: Path,
     digits_dir: dict[str, Path],
     tmp_path: Path,
     docker: str,
+    capfd: pytest.CaptureFixture[str],
 ):
     from sagemaker.deserializers import JSONDeserializer  # noqa: PLC0415
     from sagemaker.model import Model  # noqa: PLC0415
@@ -94,6 +102,15 @@ def test_sdk_trains_on_two_hosts_deploys_and_predicts(
         estimator.fit(
             {"training": f"file://{digits_dir['train']}", "test": f"file://{digits_dir['test']}"}
         )
+        training_log = capfd.readouterr().out
+        (tmp_path / "sdk-training.log").write_text(training_log)
+        # torchrun on both hosts (the SDK names them algo-<n>-<suffix>), one world of 2 ranks.
+        torchruns = re.findall(
+            r"torchrun --nnodes 2 --nproc-per-node 1 --node-rank [01] ", training_log
+        )
+        assert len(torchruns) >= 2, training_log[-3000:]
+        assert "rank 1 of 2" in training_log, training_log[-3000:]
+        assert final_accuracy(training_log) >= 0.8, training_log[-3000:]
         # In local mode the SDK repacks a file:// model.tar.gz in place with the deploy's code,
         # and unpacks it beside itself to serve it: each deploy below gets its own copy of what
         # training wrote, in a folder of its own.

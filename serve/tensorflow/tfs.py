@@ -430,7 +430,11 @@ def tensors_from_instances(
                     f"Failed to process element: {count} of 'instances' list. "
                     f"Error: {exc.status_string()}",
                 ) from None
-    return {name: np.stack(tensors) for name, tensors in items.items()}
+    # One row, the usual request: a view with a batch dimension (np.stack's checks cost more).
+    return {
+        name: tensors[0][np.newaxis] if len(tensors) == 1 else np.stack(tensors)
+        for name, tensors in items.items()
+    }
 
 
 def tensors_from_inputs(value: Any, inputs: Mapping[str, TensorSpec]) -> dict[str, np.ndarray]:
