@@ -281,7 +281,8 @@ def test_a_forged_frame_after_the_hello_loses_that_host(master):
 def test_unknown_and_duplicate_hosts_are_refused(master, connect):
     stranger = connect("algo-9", timeout=1)
     first = connect("algo-2")
-    until(lambda: first.connected)
+    # Registered by the master, not only sent: otherwise the second could come first.
+    until(lambda: first.connected and master.connected() == {"algo-2"})
     second, _ = raw_handshake(master.port, "algo-2")
     with second:
         assert second.recv(1 << 16) == b""  # the master hangs up on the second one
@@ -363,8 +364,9 @@ def test_a_master_that_answers_late_is_reached_on_a_later_attempt(caplog):
         stalled.close()
         master = MasterChannel(job_key=JOB_KEY, workers=WORKERS, port=port, timing=FAST)
         try:
-            until(lambda: worker.connected, timeout=10)
-            assert master.connected() == frozenset({"algo-2"})
+            # The worker counts itself connected once its Hello is sent; the master registers
+            # it once that Hello is read: wait for both.
+            until(lambda: worker.connected and master.connected() == {"algo-2"}, timeout=10)
             assert worker.lost is None
         finally:
             master.close()
