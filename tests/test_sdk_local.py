@@ -42,6 +42,39 @@ def local_session(container_root: Path):
     return session
 
 
+def sdk_torch_hyperparameters(
+    entry_point: str, distribution: dict | None, epochs: int
+) -> dict[str, str]:
+    """What the SDK submits for a 2-host local `PyTorch` job of `entry_point` (no job is
+    started): the estimator's own hyperparameters and what fit() adds (sagemaker/estimator.py),
+    JSON-encoded as the SDK encodes every value."""
+    import boto3  # noqa: PLC0415 - after the fake credentials
+    from sagemaker.local import LocalSession  # noqa: PLC0415
+    from sagemaker.pytorch import PyTorch  # noqa: PLC0415
+
+    session = LocalSession(
+        boto_session=boto3.Session(region_name=REGION), sagemaker_config=NO_TELEMETRY
+    )
+    session.config = {"local": {"local_code": True}}
+    estimator = PyTorch(
+        entry_point=entry_point,
+        image_uri="sm-horovod:torch-cpu",
+        role=FAKE_ROLE,
+        instance_count=2,
+        instance_type="local",
+        framework_version="2.3",
+        py_version="py311",
+        distribution=distribution,
+        hyperparameters={"epochs": epochs},
+        sagemaker_session=session,
+    )
+    submitted = {
+        "sagemaker_program": json.dumps(entry_point),
+        "sagemaker_submit_directory": '"/opt/ml/code"',
+    }
+    return {**estimator.hyperparameters(), **submitted}
+
+
 @pytest.fixture
 def container_root(tmp_path: Path, sdk_containers: list[str]) -> Path:
     """The SDK's folder for its compose files; its containers go when the test ends

@@ -14,40 +14,15 @@ import pytest
 from entrypoint.contract import Backend, parse_contract
 from entrypoint.launches.mpi.plan import build_mpirun_argv
 from entrypoint.plan import make_plan
-from tests.test_sdk_local import FAKE_ROLE, NO_TELEMETRY
+from tests.test_sdk_local import sdk_torch_hyperparameters
 
 RESOURCE = {"current_host": "algo-1", "hosts": ["algo-1", "algo-2"]}
 TORCH_IMAGE = {"SM_IMAGE_FLAVOR": "torch-cpu"}
-# What fit() adds to the estimator's own hyperparameters (sagemaker/estimator.py).
-SUBMITTED = {
-    "sagemaker_program": '"train_smddp_mnist.py"',
-    "sagemaker_submit_directory": '"/opt/ml/code"',
-}
 
 
 def sdk_hyperparameters(distribution: dict | None) -> dict[str, str]:
     """The SDK's own hyperparameters for a 2-host local PyTorch job (no job is started)."""
-    import boto3  # noqa: PLC0415 - after the fake credentials
-    from sagemaker.local import LocalSession  # noqa: PLC0415
-    from sagemaker.pytorch import PyTorch  # noqa: PLC0415
-
-    session = LocalSession(
-        boto_session=boto3.Session(region_name="us-east-1"), sagemaker_config=NO_TELEMETRY
-    )
-    session.config = {"local": {"local_code": True}}
-    estimator = PyTorch(
-        entry_point="train_smddp_mnist.py",
-        image_uri="sm-horovod:torch-cpu",
-        role=FAKE_ROLE,
-        instance_count=2,
-        instance_type="local",
-        framework_version="2.3",
-        py_version="py311",
-        distribution=distribution,
-        hyperparameters={"epochs": 3},
-        sagemaker_session=session,
-    )
-    return {**estimator.hyperparameters(), **SUBMITTED}
+    return sdk_torch_hyperparameters("train_smddp_mnist.py", distribution, epochs=3)
 
 
 def mpirun_argv(hyperparameters: dict[str, str]) -> list[str]:

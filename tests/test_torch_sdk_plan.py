@@ -14,16 +14,10 @@ import pytest
 from entrypoint.contract import Backend, parse_contract
 from entrypoint.launches.torchrun import torchrun_argv
 from entrypoint.plan import make_plan
-from tests.test_sdk_local import FAKE_ROLE, NO_TELEMETRY
+from tests.test_sdk_local import sdk_torch_hyperparameters
 
 HOSTS = ["algo-1", "algo-2"]
 TORCH_IMAGE = {"SM_IMAGE_FLAVOR": "torch-cpu"}
-# What fit() adds to the estimator's own hyperparameters (sagemaker/estimator.py), JSON-encoded
-# as the SDK encodes every value.
-SUBMITTED = {
-    "sagemaker_program": '"train_ddp.py"',
-    "sagemaker_submit_directory": '"/opt/ml/code"',
-}
 # tests/test_torch_distributed.py's cluster: its TORCH switch and the example, as plain strings.
 CLUSTER_TEST = {
     "sagemaker_torch_distributed_enabled": "true",
@@ -34,27 +28,9 @@ CLUSTER_TEST = {
 
 def sdk_hyperparameters() -> dict[str, str]:
     """The SDK's hyperparameters for the example's 2-host local job (no job is started)."""
-    import boto3  # noqa: PLC0415 - after the fake credentials
-    from sagemaker.local import LocalSession  # noqa: PLC0415
-    from sagemaker.pytorch import PyTorch  # noqa: PLC0415
-
-    session = LocalSession(
-        boto_session=boto3.Session(region_name="us-east-1"), sagemaker_config=NO_TELEMETRY
+    return sdk_torch_hyperparameters(
+        "train_ddp.py", {"torch_distributed": {"enabled": True}}, epochs=2
     )
-    session.config = {"local": {"local_code": True}}
-    estimator = PyTorch(
-        entry_point="train_ddp.py",
-        image_uri="sm-horovod:torch-cpu",
-        role=FAKE_ROLE,
-        instance_count=2,
-        instance_type="local",
-        framework_version="2.3",
-        py_version="py311",
-        distribution={"torch_distributed": {"enabled": True}},
-        hyperparameters={"epochs": 2},
-        sagemaker_session=session,
-    )
-    return {**estimator.hyperparameters(), **SUBMITTED}
 
 
 def host_argv(hyperparameters: dict[str, str], current: str) -> list[str]:
