@@ -109,6 +109,8 @@ def _error(status: int, message: str, what: str) -> Outgoing:
 
 
 def _reply(outgoing: Outgoing) -> Response:
+    if outgoing.status == CLIENT_GONE:
+        return Response(status_code=CLIENT_GONE)
     return Response(outgoing.body, outgoing.status, media_type=outgoing.media_type)
 
 
@@ -119,13 +121,14 @@ def _content_type(media_type: str) -> bytes:
     return media_type.encode("latin-1")
 
 
-async def _send(send: Send, outgoing: Outgoing) -> None:
-    """One whole answer, as Starlette's Response would send it."""
-    headers = [(b"content-length", str(len(outgoing.body)).encode("latin-1"))]
-    if outgoing.body or outgoing.status != CLIENT_GONE:
-        headers.append((b"content-type", _content_type(outgoing.media_type)))
-    await send({"type": "http.response.start", "status": outgoing.status, "headers": headers})
-    await send({"type": "http.response.body", "body": outgoing.body})
+async def _send(send: Send, status: int, body: bytes = b"", media_type: str | None = None) -> None:
+    """One whole answer, as Starlette's Response would send it (no media type: no
+    Content-Type, as for /ping)."""
+    headers = [(b"content-length", str(len(body)).encode("latin-1"))]
+    if media_type is not None:
+        headers.append((b"content-type", _content_type(media_type)))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
 
 
 def _check_declared_size(declared: str | None, limit: int) -> None:
@@ -354,10 +357,11 @@ class HotPaths:
                 answer = await _guarded(
                     self.settings, "POST /invocations", lambda: self.invoke(request)
                 )
-                await _send(send, answer)
+                gone = answer.status == CLIENT_GONE
+                await _send(send, answer.status, answer.body, None if gone else answer.media_type)
                 return
             if method == "GET" and path == "/ping":
-                await _send(send, Outgoing(self.ping_status(), b""))
+                await _send(send, self.ping_status())
                 return
         await self.app(scope, receive, send)
 

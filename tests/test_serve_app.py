@@ -84,9 +84,17 @@ def test_ping_is_503_until_the_model_is_loaded(model_dir: Path) -> None:
         )
         assert response.status_code == 503
         assert response.json() == {"error": "the model is still loading"}
+        assert response.headers["content-type"] == "application/json"
         loaded.set()
         wait_ready(client)
-        assert client.get("/ping").status_code == 200
+        ping = client.get("/ping")
+        # As Starlette's Response answered it before /ping skipped Starlette: no body, no type.
+        assert (ping.status_code, ping.content, ping.headers.get("content-type")) == (
+            200,
+            b"",
+            None,
+        )
+        assert client.head("/ping").status_code == 200  # Starlette's route still answers HEAD
 
 
 def test_predicts_labels_probabilities_and_top_k(model_dir: Path) -> None:
