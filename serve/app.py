@@ -109,8 +109,6 @@ def _error(status: int, message: str, what: str) -> Outgoing:
 
 
 def _reply(outgoing: Outgoing) -> Response:
-    if outgoing.status == CLIENT_GONE:
-        return Response(status_code=CLIENT_GONE)
     return Response(outgoing.body, outgoing.status, media_type=outgoing.media_type)
 
 
@@ -131,15 +129,11 @@ async def _send(send: Send, status: int, body: bytes = b"", media_type: str | No
     await send({"type": "http.response.body", "body": body})
 
 
-def _check_declared_size(declared: str | None, limit: int) -> None:
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise ServeError(413, f"body of {declared} bytes is over the limit of {limit}")
-
-
 async def _receive_body(receive: Receive, declared: str | None, limit: int) -> bytes:
     """The request's body straight from the ASGI messages (what Starlette's Request.stream
     does), refused once over `limit`."""
-    _check_declared_size(declared, limit)
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise ServeError(413, f"body of {declared} bytes is over the limit of {limit}")
     chunks: list[bytes] = []
     size = 0
     while True:
@@ -156,15 +150,7 @@ async def _receive_body(receive: Receive, declared: str | None, limit: int) -> b
 
 
 async def _read_body(request: Request, limit: int) -> bytes:
-    _check_declared_size(request.headers.get("content-length"), limit)
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise ServeError(413, f"body is over the limit of {limit} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
+    return await _receive_body(request.receive, request.headers.get("content-length"), limit)
 
 
 async def _guarded(
@@ -181,7 +167,7 @@ async def _guarded(
         )
     except ClientDisconnect:
         log.warning("%s: the client went away", what)
-        return Outgoing(CLIENT_GONE, b"")
+        return Outgoing(CLIENT_GONE, b"", None)
     except Exception as exc:  # noqa: BLE001  (one line, never a traceback to the client)
         return _error(500, one_line(exc), what)
 
@@ -357,8 +343,7 @@ class HotPaths:
                 answer = await _guarded(
                     self.settings, "POST /invocations", lambda: self.invoke(request)
                 )
-                gone = answer.status == CLIENT_GONE
-                await _send(send, answer.status, answer.body, None if gone else answer.media_type)
+                await _send(send, answer.status, answer.body, answer.media_type)
                 return
             if method == "GET" and path == "/ping":
                 await _send(send, self.ping_status())

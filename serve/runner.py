@@ -47,7 +47,7 @@ class Incoming:
 class Outgoing:
     status: int
     body: bytes
-    media_type: str = JSON
+    media_type: str | None = JSON  # None: no Content-Type (an answer with no body)
 
 
 @dataclasses.dataclass(frozen=True)
