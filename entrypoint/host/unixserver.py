@@ -12,6 +12,10 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+# How often serve_forever checks for `close`: shutdown() waits up to this long, and every
+# host's exit waits for its servers (socketserver's default, 0.5 s, showed in every job's end).
+SHUTDOWN_POLL_S = 0.02
+
 
 class PrivateUnixServer:
     """Serves `handle(connection)` on a 0600 socket at `path` (its folder is the caller's: one
@@ -37,7 +41,12 @@ class PrivateUnixServer:
             self._server.server_close()
             raise
         self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, name=name, daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever,
+            kwargs={"poll_interval": SHUTDOWN_POLL_S},
+            name=name,
+            daemon=True,
+        )
         self._thread.start()
 
     def close(self) -> None:
