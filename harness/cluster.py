@@ -25,6 +25,12 @@ from harness.mltree import write_ml_tree
 START_CONCURRENCY = 8
 
 
+def docker_time(stamp: str) -> float:
+    """Docker's RFC 3339 time with nanoseconds (2026-11-22T01:02:03.123456789Z) as a Unix time."""
+    head, _, frac = stamp.rstrip("Z").partition(".")
+    return datetime.fromisoformat(f"{head}.{(frac + '000000')[:6]}+00:00").timestamp()
+
+
 def docker_command(
     docker: str, *args: str, timeout: float = 120, check: bool = True
 ) -> subprocess.CompletedProcess[str]:
@@ -158,9 +164,17 @@ class Cluster:
         finished = docker_command(
             self.docker, "inspect", "--format", "{{.State.FinishedAt}}", self.container(host)
         ).stdout.strip()
-        # 2026-11-22T01:02:03.123456789Z -> keep microseconds for datetime
-        head, _, frac = finished.rstrip("Z").partition(".")
-        return datetime.fromisoformat(f"{head}.{(frac + '000000')[:6]}+00:00").timestamp()
+        return docker_time(finished)
+
+    def log_time(self, host: str, text: str) -> float:
+        """When the host first wrote a line containing `text`, as a Unix time (the daemon's
+        stamp of the line, the clock exit_time reads)."""
+        result = docker_command(self.docker, "logs", "--timestamps", self.container(host))
+        for line in (result.stdout + result.stderr).splitlines():
+            stamp, _, rest = line.partition(" ")
+            if text in rest:
+                return docker_time(stamp)
+        raise LookupError(f"{host} never logged {text!r}")
 
     def logs(self, host: str) -> str:
         result = docker_command(self.docker, "logs", self.container(host), check=False)

@@ -129,10 +129,12 @@ def test_a_rank_that_raises_fails_every_host(make_cluster, digits28):
     cluster.start()
     codes = cluster.wait(timeout=240)
     assert codes["algo-1"] != 0 and codes["algo-2"] != 0, cluster.describe()
-    every_log = "".join(cluster.logs(host) for host in cluster.hosts)
-    failing = re.search(r"SMDDP_FAILING rank=1 at=([\d.]+)", every_log)
-    assert failing, cluster.describe()
-    failed_at = float(failing[1])
+    assert "SMDDP_FAILING rank=1" in cluster.logs("algo-2"), cluster.describe()
+    # The clock starts when the exception has left the script (its traceback): what runs while
+    # it unwinds is the script's own. Here tf.data's iterator, freed on the way out, waits for
+    # its shuffle buffer's thread, which took 4 s on a loaded machine (py-spy: the main thread
+    # in ~RootDataset::Iterator); AWS's containers would wait the same.
+    failed_at = cluster.log_time("algo-2", "[algo-2 rank 1] Traceback")
     delays = {host: cluster.exit_time(host) - failed_at for host in cluster.hosts}
     assert max(delays.values()) < FAIL_FAST_S, f"{delays}\n{cluster.describe()}"
     for host in cluster.hosts:
