@@ -29,7 +29,8 @@ from typing import Protocol
 
 from entrypoint import groups
 from entrypoint.channel.coordination import MasterChannel, WorkerChannel
-from entrypoint.channel.protocol import Exited, Verdict
+from entrypoint.channel.protocol import Exited, Fault, Ping, Pong, Verdict
+from entrypoint.channel.session import Session
 from entrypoint.channel.verdicts import host_verdict, suspect_peers, with_fault
 from entrypoint.host.children import KILL_WAIT_S
 from entrypoint.host.oom import MemoryCounters, OomWatch, oom_failure, read_counters
@@ -93,6 +94,7 @@ class MasterEnd(Protocol):
     def stop_requested(self) -> str | None: ...
     def start_workers(self) -> None: ...
     def stop_workers(self) -> None: ...
+    def ping(self, timeout_s: float) -> frozenset[str]: ...
     def send_verdict(self, verdict: Verdict, timeout_s: float) -> list[str]: ...
 
 
@@ -199,22 +201,33 @@ def _unready_message(
 
 class _FaultWatch:
     """This host's watch for the kernel's OOM killer, begun before the part starts: `check()`
-    returns the fault the first time it is seen (the loops pass it on), `own` keeps it."""
+    returns the fault the first time it is seen (the loops pass it on), `own` keeps it. A
+    worker's channel checks too, when the master pings (`answer_ping`, on the channel's
+    thread): hence the lock, so the fault is returned once."""
 
     def __init__(self, host: str, read: Callable[[], MemoryCounters]) -> None:
         self._host = host
         self._watch = OomWatch(read)
+        self._lock = threading.Lock()
         self.own: Failure | None = None
 
     def check(self) -> Failure | None:
-        if self.own is not None:
-            return None
-        kills = self._watch.check()
-        if kills is None:
-            return None
-        self.own = oom_failure(kills, self._host)
+        with self._lock:
+            if self.own is not None:
+                return None
+            kills = self._watch.check()
+            if kills is None:
+                return None
+            self.own = oom_failure(kills, self._host)
         log.error("%s", self.own.line)
         return self.own
+
+    def answer_ping(self, session: Session, _ping: Ping) -> Pong:
+        """The master asks once mpirun failed: a fault seen now goes out before the answer."""
+        fault = self.check()
+        if fault is not None:
+            session.send(Fault(fault))
+        return Pong()
 
     def explain(self, failure: Failure | None) -> Failure | None:
         """This host's part's failure, explained by this host's fault where there is one."""
@@ -281,17 +294,23 @@ class _Grace:
 
 def _settle_lost(channel: MasterEnd | None, clock: Clock, faults: _FaultWatch) -> dict[str, str]:
     """Hosts the channel reports lost within LOSS_SETTLE_S (a closed connection is seen in
-    milliseconds; this only waits when mpirun failed). A fault reported meanwhile (a worker's
-    rank killed for memory) ends the wait too: it is the explanation."""
+    milliseconds; this only runs when mpirun failed). First every worker is pinged: once all
+    answered, none is lost and each one's fault has arrived (sent before its answer), so there
+    is nothing left to wait for. A fault reported meanwhile (a worker's rank killed for memory)
+    ends the wait too: it is the explanation."""
     deadline = clock.now() + LOSS_SETTLE_S
+    if channel is None:
+        return {}
+    connected = channel.connected()
+    if connected and channel.ping(LOSS_SETTLE_S) >= connected and not channel.lost():
+        return {}
     # Nothing sets this: the wait is a plain sleep on the injected clock.
     never = threading.Event()
-    while channel is not None:
+    while True:
         lost = channel.lost()
         if lost or _known_faults(channel, faults) or clock.now() >= deadline:
             return lost
         clock.wait(never, POLL_INTERVAL_S)
-    return {}
 
 
 def _host_lost(lost: dict[str, str], plan: JobPlan | None = None) -> JobError:
@@ -552,9 +571,11 @@ def run_worker(
     stop: threading.Event,
     *,
     stalls: WorkerStalls | None = None,
+    faults: _FaultWatch | None = None,
 ) -> int:
-    """A worker's whole life after the contract was read: returns the master's verdict."""
-    faults = _FaultWatch(plan.current_host, config.read_memory)
+    """A worker's whole life after the contract was read: returns the master's verdict.
+    `faults`: this host's watch, where the channel answers the master's Ping with it."""
+    faults = faults or _FaultWatch(plan.current_host, config.read_memory)
     try:
         return _supervise_worker(plan, part, channel, config, stop, faults=faults, stalls=stalls)
     except JobError as error:
@@ -612,17 +633,20 @@ def run_host(
         if job_key is None:
             raise AssertionError("a worker always has a job key")
         worker_stalls = WorkerStalls(watch)
+        faults = _FaultWatch(plan.current_host, config.read_memory)
         worker_channel = WorkerChannel(
             job_key=job_key,
             host=plan.current_host,
             master=plan.master_host,
             deadline=master_arrival_deadline(config),
-            handlers={**part.handlers(), **worker_stalls.handlers()},
+            handlers={**part.handlers(), **worker_stalls.handlers(), Ping: faults.answer_ping},
             catalog=part.catalog,
         )
         worker_stalls.attach(worker_channel.send)
         try:
-            return run_worker(plan, part, worker_channel, config, stop, stalls=worker_stalls)
+            return run_worker(
+                plan, part, worker_channel, config, stop, stalls=worker_stalls, faults=faults
+            )
         finally:
             worker_channel.close()
     finally:

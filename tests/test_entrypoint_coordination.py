@@ -24,12 +24,15 @@ from entrypoint.channel.protocol import (
     MESSAGES,
     NONCE_BYTES,
     Direction,
+    Fault,
     Fields,
     FrameReader,
     FrameWriter,
     Heartbeat,
     Hello,
     Message,
+    Ping,
+    Pong,
     Refused,
     Request,
     Verdict,
@@ -188,6 +191,38 @@ def test_workers_connect_start_report_and_get_the_verdict(master, connect):
     # The master closing after the verdict is not a lost master.
     assert [worker.lost for worker in workers] == [None, None]
     assert master.lost() == {}
+
+
+def test_a_ping_names_the_workers_that_answer_with_their_faults_already_in(master, clock):
+    """Once mpirun failed the master pings every worker: one that answers is alive, and a fault
+    it saw was sent before its answer. A worker without the handler does not count as one that
+    answered (nor does a gone one)."""
+    oom = Failure(Reason.OUT_OF_MEMORY, "the kernel's OOM killer ended a process", "algo-2")
+
+    def answer(session: Session, _ping: Ping) -> Pong:
+        session.send(Fault(oom))
+        return Pong()
+
+    workers = [
+        WorkerChannel(
+            job_key=JOB_KEY, host="algo-2", master="localhost", deadline=clock() + 30,
+            port=master.port, timing=FAST, clock=clock, handlers={Ping: answer},
+        ),
+        WorkerChannel(
+            job_key=JOB_KEY, host="algo-3", master="localhost", deadline=clock() + 30,
+            port=master.port, timing=FAST, clock=clock,
+        ),
+    ]  # fmt: skip
+    try:
+        until(lambda: master.connected() == set(WORKERS))
+        assert master.ping(timeout_s=5) == {"algo-2"}
+        assert master.faults() == {"algo-2": oom}  # in before the answer, no waiting
+        workers[0].close()
+        until(master.lost)
+        assert master.ping(timeout_s=5) == frozenset()
+    finally:
+        for worker in workers:
+            worker.close()
 
 
 def test_a_closed_connection_is_a_lost_host_at_once(master, connect):
@@ -429,18 +464,18 @@ def test_a_worker_of_another_version_is_refused_by_name(master):
     with sock:
         frames = FrameReader(key, Direction.TO_WORKER)
         assert frames.decode(read_body(sock)) == Refused(
-            "protocol version 1 on algo-2, 5 on the master"
+            "protocol version 1 on algo-2, 6 on the master"
         )
         assert sock.recv(1 << 16) == b""  # and hung up on
-    assert master.lost() == {"algo-2": "protocol version 1 on algo-2, 5 on the master"}
+    assert master.lost() == {"algo-2": "protocol version 1 on algo-2, 6 on the master"}
     assert master.connected() == frozenset()
 
 
 def test_both_ends_name_both_versions(master, connect, monkeypatch):
-    monkeypatch.setattr(session_module, "PROTOCOL_VERSION", 6)  # this worker speaks 6
+    monkeypatch.setattr(session_module, "PROTOCOL_VERSION", 7)  # this worker speaks 7
     worker = connect("algo-2")
     until(lambda: worker.lost)
-    why = "protocol version 6 on algo-2, 5 on the master"
+    why = "protocol version 7 on algo-2, 6 on the master"
     assert worker.lost == f"master localhost refused this host: {why}"
     assert master.lost() == {"algo-2": why}
 

@@ -23,6 +23,8 @@ from entrypoint.channel.protocol import (
     Heartbeat,
     Hello,
     Message,
+    Ping,
+    Pong,
     ProtocolError,
     Refused,
     Request,
@@ -69,7 +71,7 @@ def test_keys_are_deterministic_and_separate():
 @pytest.mark.parametrize(
     ("message", "text"),
     [
-        (Hello("algo-2"), b'{"host":"algo-2","type":"hello","version":5}'),
+        (Hello("algo-2"), b'{"host":"algo-2","type":"hello","version":6}'),
         (Heartbeat(), b'{"type":"heartbeat"}'),
         (Start(), b'{"type":"start"}'),
         (Exited(3, Failure(Reason.TRAINING_FAILED, "x", "algo-2")),
@@ -83,9 +85,12 @@ def test_keys_are_deterministic_and_separate():
         (Fault(Failure(Reason.OUT_OF_MEMORY, "the kernel's OOM killer ended a process", "algo-2")),
          b'{"failure":{"host":"algo-2","message":"the kernel\'s OOM killer ended a process",'
          b'"reason":"OutOfMemory"},"type":"fault"}'),
-        (Refused("protocol version 1 on algo-2, 5 on the master"),
-         b'{"reason":"protocol version 1 on algo-2, 5 on the master","type":"refused"}'),
+        (Refused("protocol version 1 on algo-2, 6 on the master"),
+         b'{"reason":"protocol version 1 on algo-2, 6 on the master","type":"refused"}'),
         (Request(7, Heartbeat()), b'{"body":{"type":"heartbeat"},"request_id":7,"type":"request"}'),
+        (Request(8, Ping()), b'{"body":{"type":"ping"},"request_id":8,"type":"request"}'),
+        (Response(8, Pong()),
+         b'{"body":{"type":"pong"},"error":null,"request_id":8,"type":"response"}'),
         (Response(7, Exited(0)),
          b'{"body":{"exit_code":0,"failure":null,"type":"exited"},"error":null,"request_id":7,'
          b'"type":"response"}'),
@@ -105,10 +110,10 @@ def test_messages_as_exact_json(message, text):
         (b"[1]", "must be a JSON object"),
         (b'{"type":"launch"}', "unknown message type"),
         (b'{"exit_code":0}', "unknown message type"),
-        (b'{"type":"hello","version":5}', "Hello without a host name"),
-        (b'{"type":"hello","host":"","version":5}', "Hello without a host name"),
+        (b'{"type":"hello","version":6}', "Hello without a host name"),
+        (b'{"type":"hello","host":"","version":6}', "Hello without a host name"),
         (b'{"type":"hello","host":"a","version":true}', "Hello with protocol version True"),
-        (b'{"type":"hello","host":"a","version":5,"x":1}', "unexpected fields \\['x'\\] in Hello"),
+        (b'{"type":"hello","host":"a","version":6,"x":1}', "unexpected fields \\['x'\\] in Hello"),
         (b'{"type":"verdict","exit_code":true}', "exit code True is not an integer"),
         (b'{"type":"verdict","exit_code":256}', "exit code 256"),
         (b'{"type":"verdict","exit_code":"0"}', "exit code '0'"),
@@ -248,19 +253,19 @@ def test_a_message_type_is_known_only_to_its_catalog():
 @pytest.mark.parametrize(
     ("text", "hello", "refusal"),
     [
-        (b'{"host":"algo-2","type":"hello","version":5}', Hello("algo-2", 5), None),
+        (b'{"host":"algo-2","type":"hello","version":6}', Hello("algo-2", 6), None),
         # the first protocol sent no version
         (b'{"host":"algo-2","type":"hello"}', Hello("algo-2", 1),
-         "protocol version 1 on algo-2, 5 on the master"),
+         "protocol version 1 on algo-2, 6 on the master"),
         # a later version may say more, or less: it is refused for its version, by name
-        (b'{"host":"algo-2","type":"hello","version":6,"rank":0}', Hello("algo-2", 6),
-         "protocol version 6 on algo-2, 5 on the master"),
-        (b'{"type":"hello","version":6}', Hello("", 6),
-         "protocol version 6 on the worker, 5 on the master"),
+        (b'{"host":"algo-2","type":"hello","version":7,"rank":0}', Hello("algo-2", 7),
+         "protocol version 7 on algo-2, 6 on the master"),
+        (b'{"type":"hello","version":7}', Hello("", 7),
+         "protocol version 7 on the worker, 6 on the master"),
     ],
 )  # fmt: skip
 def test_hello_carries_the_protocol_version(text, hello, refusal):
-    assert PROTOCOL_VERSION == 5
+    assert PROTOCOL_VERSION == 6
     decoded = message_from_json(text)
     assert isinstance(decoded, Hello)
     assert decoded == hello

@@ -10,13 +10,16 @@ import dataclasses
 import json
 import logging
 import threading
+import types
 from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 import pytest
 
 from entrypoint import supervise
-from entrypoint.channel.protocol import Exited, Verdict
+from entrypoint.channel.protocol import Exited, Fault, Message, Ping, Pong, Verdict
+from entrypoint.channel.session import Session
 from entrypoint.contract import parse_contract
 from entrypoint.host.children import KILL_WAIT_S
 from entrypoint.host.oom import MemoryCounters
@@ -116,6 +119,9 @@ class FakeMasterChannel:
     dropped: list[tuple[str, str]] = dataclasses.field(default_factory=list)
     verdicts: list[tuple[Verdict, float]] = dataclasses.field(default_factory=list)
     longest_silence_s: float = 0.5
+    # The workers that answer a Ping (none by default: the settle then waits as it always could).
+    answering: frozenset[str] = frozenset()
+    pings: list[float] = dataclasses.field(default_factory=list)
 
     def connected(self) -> frozenset[str]:
         return self.connected_hosts
@@ -143,6 +149,10 @@ class FakeMasterChannel:
 
     def start_workers(self) -> None:
         self.started = True
+
+    def ping(self, timeout_s: float) -> frozenset[str]:
+        self.pings.append(timeout_s)
+        return self.answering & self.connected_hosts
 
     def send_verdict(self, verdict: Verdict, timeout_s: float) -> list[str]:
         self.verdicts.append((verdict, timeout_s))
@@ -388,6 +398,42 @@ def test_mpirun_failing_with_every_worker_heard_is_a_training_failure(config):
     assert error.value.failure_on("algo-1").line == (
         "TrainingFailed: mpirun exited with code 1; last error: ValueError: bad (on algo-1)"
     )
+
+
+def test_mpirun_failing_with_every_worker_answering_its_ping_waits_for_nothing(config, clock):
+    """Each worker answers after sending any fault it saw: once all answered, no loss or fault
+    can still be on its way, so the failure is decided at once (not LOSS_SETTLE_S later)."""
+    workers = frozenset(HOSTS[1:])
+    channel = FakeMasterChannel(connected_hosts=workers, answering=workers)
+    with pytest.raises(supervise.JobError) as error:
+        mpi_master(config, mpirun_part(code=1), channel)
+    assert error.value.failure.reason is Reason.TRAINING_FAILED
+    assert channel.pings == [supervise.LOSS_SETTLE_S]
+    assert clock.time == 0.0
+
+
+def test_a_worker_that_does_not_answer_is_waited_for_as_before(config, clock):
+    channel = FakeMasterChannel(
+        connected_hosts=frozenset(HOSTS[1:]), answering=frozenset({"algo-2"})
+    )
+    clock.at(0.3, lambda: channel.lost_hosts.update({"algo-3": "its connection closed"}))
+    with pytest.raises(supervise.JobError) as error:
+        mpi_master(config, mpirun_part(code=1), channel)
+    assert error.value.failure.message == "host algo-3 lost during training: its connection closed"
+
+
+def test_a_ping_is_answered_after_this_hosts_fault_is_sent(memory):
+    """The worker's side: a fault seen when the master asks goes out before the Pong, once."""
+    sent: list[Message] = []
+    session = cast(Session, types.SimpleNamespace(send=sent.append))
+    faults = supervise._FaultWatch("algo-2", memory.read)
+    assert faults.answer_ping(session, Ping()) == Pong() and sent == []
+    memory.oom_kills = 1
+    assert faults.answer_ping(session, Ping()) == Pong()
+    assert len(sent) == 1 and isinstance(sent[0], Fault)
+    assert sent[0].failure.reason is Reason.OUT_OF_MEMORY
+    assert faults.answer_ping(session, Ping()) == Pong() and len(sent) == 1
+    assert faults.check() is None  # the loop does not send it a second time
 
 
 def test_a_failing_rank_on_a_worker_is_that_workers_failure(config):

@@ -38,6 +38,7 @@ from entrypoint.channel.protocol import (
     FrameWriter,
     Hello,
     Message,
+    Ping,
     ProtocolError,
     Refused,
     Start,
@@ -55,6 +56,7 @@ from entrypoint.channel.session import (
     Handler,
     Handlers,
     LoopThread,
+    RequestFailedError,
     Session,
     SessionLostError,
     keep_alive,
@@ -83,7 +85,7 @@ class MasterChannel:
     """The master's end: accepts one connection per worker and serves them all from one thread.
 
     Thread-safe accessors for the supervising loop: `connected()`, `lost()`, `exits()`, `faults()`,
-    `silences()`, `drop()`, `start_workers()`, `send_verdict()`, `request()`, `close()`.
+    `silences()`, `drop()`, `start_workers()`, `ping()`, `send_verdict()`, `request()`, `close()`.
     `handlers` adds handlers for a feature's messages (and `catalog` their wire names).
     """
 
@@ -187,6 +189,28 @@ class MasterChannel:
     def stop_workers(self) -> None:
         """Tell every worker the job is stopping: each forwards SIGTERM to its ranks."""
         self._thread.call(lambda: self._broadcast(Stop()))
+
+    def ping(self, timeout_s: float) -> frozenset[str]:
+        """Ask every connected worker at once whether it is there (Ping, which it answers after
+        sending any fault it saw); returns those that answered within `timeout_s`."""
+        with self._lock:
+            sessions = dict(self._sessions)
+
+        async def ask(host: str, session: Session) -> str | None:
+            try:
+                await session.request(Ping(), timeout_s)
+            except (TimeoutError, SessionLostError, RequestFailedError):
+                return None
+            return host
+
+        async def every() -> list[str | None]:
+            return await asyncio.gather(*(ask(h, s) for h, s in sessions.items()))
+
+        try:
+            answered = self._thread.run(every(), timeout_s + 5)
+        except (RuntimeError, TimeoutError):  # the channel's loop has stopped
+            return frozenset()
+        return frozenset(host for host in answered if host is not None)
 
     def send_verdict(self, verdict: Verdict, timeout_s: float) -> list[str]:
         """Tell every connected worker the verdict and wait up to `timeout_s` for their Acks.

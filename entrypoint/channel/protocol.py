@@ -52,7 +52,8 @@ from smcommon.failure import Failure, Reason
 # Sent in every Hello; a master refuses a worker that speaks another version. 2: Hello carries
 # the version; Refused, Request and Response exist. 3: Stop. 4: Fault; the failure reasons
 # OutOfMemory and DiskFull. 5: RankReport, DumpStacks, StacksDumped; the reason Stalled.
-PROTOCOL_VERSION = 5
+# 6: Ping, Pong.
+PROTOCOL_VERSION = 6
 # What a Hello without a version field is: the first protocol, which sent none.
 _UNVERSIONED = 1
 NONCE_BYTES = 16
@@ -322,6 +323,25 @@ class Fault(Message):
 
 
 @dataclasses.dataclass(frozen=True)
+class Ping(Message):
+    """Master to worker, as a Request, once mpirun failed: are you there, and what did you see?
+    The worker checks for a fault first and sends it before its Pong, so when the answer
+    arrives the master knows the worker is alive and every fault it has (one round trip,
+    instead of waiting for a loss or a fault that may still come)."""
+
+    TYPE = "ping"
+    TRAVELS = frozenset({Direction.TO_WORKER})
+
+
+@dataclasses.dataclass(frozen=True)
+class Pong(Message):
+    """The answer to a Ping: alive, and any fault already sent."""
+
+    TYPE = "pong"
+    TRAVELS = frozenset({Direction.TO_MASTER})
+
+
+@dataclasses.dataclass(frozen=True)
 class Ack(Message):
     """The worker has the verdict; the master may exit."""
 
@@ -546,7 +566,7 @@ def catalog(*types: type[Message]) -> dict[str, type[Message]]:
 # Every message of the channel itself; a feature that adds messages extends this table.
 MESSAGES: tuple[type[Message], ...] = (
     Hello, Refused, Heartbeat, Start, Stop, Fault, Exited, Verdict, Ack, Request, Response,
-    RankReport, DumpStacks, StacksDumped,
+    RankReport, DumpStacks, StacksDumped, Ping, Pong,
 )  # fmt: skip
 CATALOG: Catalog = catalog(*MESSAGES)
 
