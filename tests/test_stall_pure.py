@@ -265,6 +265,26 @@ def test_a_rank_is_idle_since_its_main_thread_last_gained_cpu(tmp_path):
     os.close(write_end)
 
 
+def test_output_that_lands_after_the_clock_was_read_is_no_negative_age():
+    """The pump's thread stamps a line while samples() runs: the report must stay valid (a
+    negative idle_s made the master drop a healthy worker of a 70-host job)."""
+    clock = FakeClock()
+    watch = HostWatch(
+        "algo-6",
+        OutputPump("algo-6", os.open(os.devnull, os.O_WRONLY), clock=clock),
+        clock=clock,
+        read=lambda _: None,
+    )
+    read_end, write_end = os.pipe()
+    watch.pump.add(read_end, "rank 5", pid=4242)  # started at clock.now
+    clock.now -= 0.07  # samples() read its clock first; the line came after
+    assert watch.samples() == [RankSample("algo-6", "rank 5", 0.0, 0.0, stopped=False)]
+    report = RankReport(tuple(watch.samples()))
+    decoded = message_from_json(message_to_json(report))  # the master can read it
+    assert isinstance(decoded, RankReport) and decoded.samples[0].idle_s == 0.0
+    os.close(write_end)
+
+
 def test_the_masters_view_ages_each_workers_report():
     clock = FakeClock()
     watch = HostWatch("algo-1", OutputPump("algo-1", clock=clock), clock=clock, read=lambda _: None)

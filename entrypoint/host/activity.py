@@ -150,7 +150,10 @@ class HostWatch:
         ]
 
     def samples(self) -> list[RankSample]:
-        """Every live rank of this host, now."""
+        """Every live rank of this host, now. A line or a CPU reading that lands after `now` was
+        read (the pump and the sampler run in their own threads) is no progress in the future:
+        the ages are clamped at zero, as the protocol requires (a negative one is an invalid
+        frame, and the master then drops this host)."""
         now = self._clock()
         result = []
         with self._lock:
@@ -167,8 +170,8 @@ class HostWatch:
                 RankSample(
                     host=self.host,
                     label=stream.label,
-                    quiet_s=now - said,
-                    idle_s=now - max(said, known.advanced_at),
+                    quiet_s=max(0.0, now - said),
+                    idle_s=max(0.0, now - max(said, known.advanced_at)),
                     stopped=known.state in ("T", "t"),
                 )
             )
