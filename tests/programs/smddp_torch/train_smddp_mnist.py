@@ -73,6 +73,9 @@ def main():
     train_dataset = digits(2048, seed=1)
     sampler = DistributedSampler(train_dataset, num_replicas=world_size, rank=rank)
     loader = DataLoader(train_dataset, batch_size=args.batch_size, sampler=sampler)
+    # A fixed initial model (DDP broadcasts rank 0's): unseeded, 3 epochs ended anywhere from
+    # 0.86 to 0.98 test accuracy, and the test's 0.9 bound failed on one init in CI.
+    torch.manual_seed(0)
     model = DDP(Net().to(device))
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr * world_size)
     for epoch in range(1, args.epochs + 1):
