@@ -36,7 +36,7 @@ def test_a_stop_inside_set_up_raises_in_the_step(restore_signals) -> None:
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(5)  # interrupted: the handler raises at once
     assert raised.value.signal_name == "SIGTERM"
-    assert stop.is_set()
+    assert stop.wait(5)
 
 
 def test_a_stop_before_set_up_raises_on_entry(restore_signals) -> None:
@@ -45,6 +45,21 @@ def test_a_stop_before_set_up_raises_on_entry(restore_signals) -> None:
     stop.set()
     with pytest.raises(signals.SetupStopped), handlers.setting_up():
         pytest.fail("the step must not run")
+
+
+@pytest.mark.timeout(30)
+def test_a_stop_while_the_loop_holds_the_events_lock_does_not_deadlock(restore_signals) -> None:
+    """The loops sleep in `stop.wait(0.1)`, which re-takes the event's (non-reentrant) lock on
+    every timeout; a SIGTERM handled in that window on the same thread must not need it."""
+    stop = threading.Event()
+    signals.install_stop_handlers(stop)
+    # The lock Event.wait holds between its timeout and its return (CPython's Event).
+    lock: threading.Condition = stop._cond  # type: ignore[attr-defined]
+    with lock:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.1)  # the handler runs here, on this thread, the lock held
+        assert not stop.is_set()  # set by the helper thread once the lock is free
+    assert stop.wait(5)
 
 
 def test_outside_set_up_a_stop_only_sets_the_event(restore_signals) -> None:

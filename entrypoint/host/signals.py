@@ -36,6 +36,8 @@ class StopHandlers:
     def __init__(self, stop: threading.Event) -> None:
         self.stop = stop
         self._interrupt = False
+        # Set in the handler itself (a plain attribute: no lock), for setting_up's checks.
+        self._requested = False
 
     def install(self) -> StopHandlers:
         signal.signal(signal.SIGTERM, self._on_signal)
@@ -44,26 +46,39 @@ class StopHandlers:
 
     def _on_signal(self, signum: int, _frame: object) -> None:
         name = signal.Signals(signum).name
-        if not self.stop.is_set():
-            log.warning("received %s", name)
-        self.stop.set()
+        first = not self._requested
+        self._requested = True
+        # The event is set from another thread, never here: the handler runs on the main
+        # thread between two bytecodes, possibly inside the loops' own `stop.wait()` while it
+        # holds the event's lock (a plain Lock: it re-takes it on every 0.1 s timeout), and
+        # `stop.set()` here would wait for that lock forever. The helper waits until the main
+        # thread let go of it. (A torch job's master hung so in CI: no line after the
+        # SIGTERM, killed 40 s later.)
+        threading.Thread(
+            target=self._stopped, args=(name if first else None,), name="stop", daemon=True
+        ).start()
         if self._interrupt:
             # Once: the step's own clean-up (ending pip's group) runs undisturbed.
             self._interrupt = False
             raise SetupStopped(name)
 
+    def _stopped(self, name: str | None) -> None:
+        if name is not None:
+            log.warning("received %s", name)
+        self.stop.set()
+
     @contextlib.contextmanager
     def setting_up(self) -> Iterator[None]:
         """Set-up steps run inside: a stop before, during or right after them raises
         SetupStopped (nothing of the job has started yet, so there is nothing to forward)."""
-        if self.stop.is_set():
+        if self._requested or self.stop.is_set():
             raise SetupStopped("SIGTERM")
         self._interrupt = True
         try:
             yield
         finally:
             self._interrupt = False
-        if self.stop.is_set():
+        if self._requested or self.stop.is_set():
             raise SetupStopped("SIGTERM")
 
 
