@@ -72,7 +72,6 @@ def test_mpirun_argv_over_ssh_is_exact():
         "-bind-to", "none", "-map-by", "slot",
         "-mca", "pml", "ob1", "-mca", "btl", "^openib",
         "-mca", "orte_abort_on_non_zero_status", "1",
-        "-mca", "odls_base_sigkill_timeout", "0",
         "-np", "2", "-H", "algo-1:1,algo-2:1",
         "-mca", "btl_tcp_if_include", "eth1", "-mca", "oob_tcp_if_include", "eth1",
         "-mca", "plm_rsh_args",

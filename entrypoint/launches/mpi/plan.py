@@ -29,12 +29,6 @@ _OMPI_FLAGS: tuple[str, ...] = (
     "-mca", "btl", "^openib",
     # The first rank (or host) to exit non-zero ends the whole job instead of leaving it hung.
     "-mca", "orte_abort_on_non_zero_status", "1",
-    # ...at once: on that abort orted sends the other ranks SIGTERM, then SIGKILL after this many
-    # seconds (default 1), and its teardown added about 3 s to every failed job (measured: mpirun
-    # exits 0.08 s after a rank's MPI_Abort with 0, 3.1 s with 1). Those ranks wait in a
-    # collective that can no longer complete. A stop's grace is not this: the entry point sends
-    # SIGTERM to the ranks itself (docs/design.md, SIGTERM), and ranks agree on the step first.
-    "-mca", "odls_base_sigkill_timeout", "0",
 )  # fmt: skip
 # From this many hosts on, mpirun starts every orted itself instead of through a tree of workers,
 # all ssh sessions at once: Horovod's runner does the same (_LARGE_CLUSTER_THRESHOLD = 64, "On
