@@ -6,23 +6,11 @@ import dataclasses
 import subprocess
 import time
 from collections.abc import Callable
-from datetime import datetime
 
-from harness.cluster import docker_command
+from harness.cluster import docker_command, parse_docker_time
 
 # What one failed measurement may raise without ending the benchmark: recorded, then skipped.
 RUN_ERRORS = (RuntimeError, TimeoutError, OSError, ValueError, subprocess.SubprocessError)
-# What `docker inspect` shows for a time that has not happened yet.
-_ZERO_TIME = "0001-01-01T00:00:00Z"
-
-
-def parse_docker_time(text: str) -> float | None:
-    """2026-11-22T01:02:03.123456789Z -> Unix time (microseconds kept); None for the zero time."""
-    text = text.strip()
-    if not text or text == _ZERO_TIME:
-        return None
-    head, _, frac = text.rstrip("Z").partition(".")
-    return datetime.fromisoformat(f"{head}.{(frac + '000000')[:6]}+00:00").timestamp()
 
 
 @dataclasses.dataclass(frozen=True)

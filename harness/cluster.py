@@ -25,9 +25,16 @@ from harness.mltree import write_ml_tree
 START_CONCURRENCY = 8
 
 
-def docker_time(stamp: str) -> float:
-    """Docker's RFC 3339 time with nanoseconds (2026-11-22T01:02:03.123456789Z) as a Unix time."""
-    head, _, frac = stamp.rstrip("Z").partition(".")
+# What `docker inspect` shows for a time that has not happened yet.
+_ZERO_TIME = "0001-01-01T00:00:00Z"
+
+
+def parse_docker_time(text: str) -> float | None:
+    """2026-11-22T01:02:03.123456789Z -> Unix time (microseconds kept); None for the zero time."""
+    text = text.strip()
+    if not text or text == _ZERO_TIME:
+        return None
+    head, _, frac = text.rstrip("Z").partition(".")
     return datetime.fromisoformat(f"{head}.{(frac + '000000')[:6]}+00:00").timestamp()
 
 
@@ -163,18 +170,27 @@ class Cluster:
         """When the container exited, as a Unix time (from docker inspect)."""
         finished = docker_command(
             self.docker, "inspect", "--format", "{{.State.FinishedAt}}", self.container(host)
-        ).stdout.strip()
-        return docker_time(finished)
+        ).stdout
+        exited = parse_docker_time(finished)
+        if exited is None:
+            raise RuntimeError(f"{host} has not exited")
+        return exited
 
     def log_time(self, host: str, text: str) -> float:
         """When the host first wrote a line containing `text`, as a Unix time (the daemon's
-        stamp of the line, the clock exit_time reads)."""
+        stamp of the line, the clock exit_time reads), on stdout or stderr."""
         result = docker_command(self.docker, "logs", "--timestamps", self.container(host))
-        for line in (result.stdout + result.stderr).splitlines():
-            stamp, _, rest = line.partition(" ")
-            if text in rest:
-                return docker_time(stamp)
-        raise LookupError(f"{host} never logged {text!r}")
+        stamps = [
+            parse_docker_time(stamp)
+            for stamp, _, rest in (
+                line.partition(" ") for line in (result.stdout + result.stderr).splitlines()
+            )
+            if text in rest
+        ]
+        found = [stamp for stamp in stamps if stamp is not None]
+        if not found:
+            raise LookupError(f"{host} never logged {text!r}")
+        return min(found)
 
     def logs(self, host: str) -> str:
         result = docker_command(self.docker, "logs", self.container(host), check=False)
