@@ -39,6 +39,7 @@ from bench.summary import Goal
 from harness.cluster import docker_command
 from harness.digits import make_digits
 from harness.serving import SERVE_TEST_EPOCHS, ServeContainer, make_models, train_digits_model
+from serve.workers import READY_DIR_ENV, HostResources, plan_workers, thread_environment
 
 log = logging.getLogger(__name__)
 
@@ -287,13 +288,20 @@ def server_plans() -> dict[str, ServerPlan]:
                "--port", "8080", "--workers", str(FLOOR_WORKERS), "--working-dir", "/opt/bench",
                "floor:app")  # fmt: skip
     # granian from the KServe venv, which reads the image's /opt/venv (serve, starlette) after
-    # its own pins (the same starlette and anyio); one worker and uvloop, as `serve` runs.
+    # its own pins (the same starlette and anyio); uvloop, and the workers and threads `serve`
+    # chooses on this machine (serve/workers.py), which granian does not read by itself.
+    plan = plan_workers(None, HostResources(os.cpu_count() or 1, 1 << 40, gpu=False), 0,
+                        multi_model=False)  # fmt: skip
     ours_granian = ("/opt/kserve/bin/granian", "--interface", "asgi", "--factory",
-                    "--host", "0.0.0.0", "--port", "8080", "--workers", "1",  # noqa: S104
-                    "--loop", "uvloop", "serve.app:create_app")  # fmt: skip
+                    "--host", "0.0.0.0", "--port", "8080",  # noqa: S104
+                    "--workers", str(plan.workers), "--loop", "uvloop",
+                    "serve.app:create_app")  # fmt: skip
+    ours_env = (*sorted(thread_environment(plan, {}).items()),
+                ("SAGEMAKER_MODEL_SERVER_WORKERS", str(plan.workers)),
+                (READY_DIR_ENV, "/tmp/serve-ready"))  # fmt: skip
     return {
         OURS: ServerPlan(OURS, ("serve",), "/ping"),
-        OURS_GRANIAN: ServerPlan(OURS_GRANIAN, ours_granian, "/ping"),
+        OURS_GRANIAN: ServerPlan(OURS_GRANIAN, ours_granian, "/ping", ours_env),
         BASELINE: ServerPlan(BASELINE, gunicorn, "/ping"),
         KSERVE: ServerPlan(KSERVE, kserve, "/v1/models/model", peers_env),
         MLSERVER: ServerPlan(MLSERVER, mlserver, "/v2/models/model/ready", peers_env),
@@ -638,7 +646,9 @@ def measure_model(  # noqa: PLR0917  (one model's parameters)
             drained = [line.split("drained; ", 1)[-1] for line in logs.splitlines()
                        if "drained; served" in line or "drained; gc:" in line]  # fmt: skip
             if drained:
-                note = f"For the {model}, our server {'; '.join(drained)}."
+                note = (
+                    f"For the {model}, each of our server's workers at drain: {'; '.join(drained)}."
+                )
     return levels, note
 
 

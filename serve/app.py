@@ -37,6 +37,7 @@ from serve.multimodel import ModelLoader, ModelManager, parse_load_request
 from serve.runner import Incoming, Outgoing, Runner
 from serve.settings import PYTORCH, Settings, execution_parameters, settings_from_env
 from serve.tensorflow import tfs
+from serve.workers import ReadyMarks
 
 log = logging.getLogger("serve")
 
@@ -181,7 +182,11 @@ def load_frozen(loader: Loader, settings: Settings, pauses: heap.PauseWatch) -> 
 
 
 async def _load(
-    state: State, loader: Loader, on_fatal: Callable[[str], None], pauses: heap.PauseWatch
+    state: State,
+    loader: Loader,
+    on_fatal: Callable[[str], None],
+    pauses: heap.PauseWatch,
+    marks: ReadyMarks,
 ) -> None:
     started = time.monotonic()
     try:
@@ -195,6 +200,7 @@ async def _load(
         pauses.install()
         runner.start()
         state.runner = runner
+        marks.mark()
         described = ", ".join(
             f"{m.name} (version{'s' if len(m.versions) > 1 else ''} "
             f"{', '.join(str(v) for v in m.versions)}"
@@ -240,6 +246,7 @@ def create_app(
     configure_logging()
     pauses = heap.PauseWatch()
     state = _initial_state(settings, models, pauses)
+    marks = ReadyMarks.from_env(os.environ, settings.workers or 1)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:
@@ -249,10 +256,11 @@ def create_app(
             pauses.install()
         else:
             loading = asyncio.get_running_loop().create_task(
-                _load(state, loader, on_fatal, pauses), name="load-model"
+                _load(state, loader, on_fatal, pauses, marks), name="load-model"
             )
         yield
         # Shutdown runs after uvicorn drained every request in flight.
+        marks.unmark()
         if loading is not None:
             loading.cancel()
             await asyncio.gather(loading, return_exceptions=True)
@@ -270,7 +278,9 @@ def create_app(
         return _reply(await _guarded(settings, what, work))
 
     def ping_status() -> int:
-        return 200 if state.manager is not None or state.runner is not None else 503
+        if state.manager is not None:
+            return 200
+        return 200 if state.runner is not None and marks.all_ready() else 503
 
     async def ping(_request: Request) -> Response:
         return Response(status_code=ping_status())

@@ -2,9 +2,9 @@
 
 Reads the settings and checks the model folder before anything listens: a bad setting or a
 missing model is one line and exit 2 within a second, not a server that never answers /ping.
-Then uvicorn runs the app in SAGEMAKER_MODEL_SERVER_WORKERS worker processes (1 by default:
-TensorFlow already spreads one model call over every core, and one worker's batches are
-larger). On SIGTERM uvicorn stops accepting, finishes the requests in flight (at most
+Then uvicorn runs the app in SAGEMAKER_MODEL_SERVER_WORKERS worker processes (by default one per
+core on a CPU host, each model call on its share of the cores; one on a GPU host: workers.py).
+On SIGTERM uvicorn stops accepting, finishes the requests in flight (at most
 SM_SERVE_GRACEFUL_TIMEOUT_S) and exits 0.
 """
 
@@ -13,8 +13,10 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import shutil
 import signal
 import sys
+import tempfile
 from collections.abc import Sequence
 
 import uvicorn
@@ -24,6 +26,13 @@ from serve.logs import configure_logging
 from serve.settings import PYTORCH, Settings, SettingsError, settings_from_env
 from serve.tensorflow.model import Archive, ModelError, scan
 from serve.torch import codec as torch_codec
+from serve.workers import (
+    READY_DIR_ENV,
+    folder_bytes,
+    host_resources,
+    plan_workers,
+    thread_environment,
+)
 
 log = logging.getLogger("serve")
 
@@ -40,8 +49,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = settings_from_env(os.environ)
         if settings.multi_model:
-            # Models come and go through /models, in one process (one table of models).
-            settings = dataclasses.replace(settings, workers=1)
             # The universal code/requirements.txt, once, before any model's script imports.
             hooks.install_requirements(settings.models_dir, settings.code_dir)
             described = "a multi-model endpoint (no model until POST /models)"
@@ -64,7 +71,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.environ["PYTHONPATH"] = os.pathsep.join(
             filter(None, [str(lib), os.environ.get("PYTHONPATH")])
         )
-    log.info("serving %s on port %d with %d worker(s)", described, settings.port, settings.workers)
+    model_folder = settings.models_dir if settings.multi_model else settings.model_dir
+    plan = plan_workers(
+        settings.workers,
+        host_resources(),
+        folder_bytes(model_folder),
+        multi_model=settings.multi_model,
+    )
+    settings = dataclasses.replace(settings, workers=plan.workers)
+    threads = thread_environment(plan, os.environ)
+    # The workers read their count and their frameworks' thread counts from the environment
+    # they inherit (uvicorn spawns them; each imports the framework only when it loads).
+    os.environ.update(threads)
+    os.environ["SAGEMAKER_MODEL_SERVER_WORKERS"] = str(plan.workers)
+    ready_dir = tempfile.mkdtemp(prefix="serve-ready-") if plan.workers > 1 else None
+    if ready_dir is not None:
+        os.environ[READY_DIR_ENV] = ready_dir
+    log.info(
+        "serving %s on port %d with %d worker(s) (%s)%s",
+        described,
+        settings.port,
+        plan.workers,
+        plan.reason,
+        "".join(f", {name}={value}" for name, value in sorted(threads.items())),
+    )
     # uvicorn drains on SIGTERM/SIGINT, then re-raises the signal with the handlers it found
     # (uvicorn/server.py, Server.capture_signals), so that the process would die of it (143).
     # A drained server has succeeded: these handlers absorb the re-raise and we exit 0.
@@ -76,7 +106,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         factory=True,
         host=settings.host,
         port=settings.port,
-        workers=settings.workers,
+        workers=plan.workers,
         # Our own logging format everywhere (uvicorn's loggers propagate to the root logger).
         log_config=None,
         access_log=settings.access_log,
@@ -88,6 +118,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         # not there: the middleware would only cost every request a call.
         proxy_headers=False,
     )
+    if ready_dir is not None:
+        shutil.rmtree(ready_dir, ignore_errors=True)
     if not stop_signals:
         # No one asked it to stop: its workers could not load the model (they said why).
         return EXIT_BAD_INPUT

@@ -38,7 +38,8 @@ class Settings:
     model_dir: Path = Path("/opt/ml/model")
     host: str = "0.0.0.0"  # noqa: S104  (a container's server listens on every interface)
     port: int = DEFAULT_PORT
-    workers: int = 1
+    # SAGEMAKER_MODEL_SERVER_WORKERS; None: chosen for the host (workers.py).
+    workers: int | None = None
     max_batch_size: int = 32
     max_batch_delay_ms: float = 5.0
     # Images waiting for the model, beyond which requests get 503 instead of queueing forever.
@@ -194,7 +195,7 @@ def execution_parameters(settings: Settings) -> dict[str, object]:
     model call takes, within SageMaker's rule MaxConcurrentTransforms x MaxPayloadInMB <= 100."""
     payload_mb = max(1, settings.max_payload_mb)
     concurrency = settings.max_concurrent_transforms or min(
-        settings.max_batch_size * settings.workers, MAX_PAYLOAD_MB_LIMIT // payload_mb
+        settings.max_batch_size * (settings.workers or 1), MAX_PAYLOAD_MB_LIMIT // payload_mb
     )
     return {
         "MaxConcurrentTransforms": max(1, concurrency),

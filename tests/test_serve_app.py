@@ -8,6 +8,8 @@ import asyncio
 import base64
 import io
 import json
+import os
+import subprocess
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -256,3 +258,33 @@ def test_a_request_costs_the_loop_no_task_of_serves_own(model_dir: Path) -> None
         for _ in range(40):
             assert client.post("/invocations", content=png(1), headers=headers).status_code == 200
     assert created == []
+
+
+def test_ping_waits_for_every_worker_to_load(
+    model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Workers share one socket: a ping that reached a loaded worker says 200 only once the
+    others (marks named by their pids, as main.py's folder holds them) have loaded too; a mark
+    left by a worker that died does not count."""
+    ready = tmp_path / "ready"
+    ready.mkdir()
+    monkeypatch.setenv("SM_SERVE_READY_DIR", str(ready))
+    sibling = subprocess.Popen(["sleep", "30"])
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    try:
+        with client_for(model_dir, FakeModel(), workers=2) as client:
+            deadline = time.monotonic() + 10
+            while not (ready / str(os.getpid())).exists():
+                assert time.monotonic() < deadline, "this worker never marked itself loaded"
+                time.sleep(0.01)
+            assert client.get("/ping").status_code == 503
+            (ready / str(dead.pid)).touch()
+            assert client.get("/ping").status_code == 503
+            (ready / str(sibling.pid)).touch()
+            assert client.get("/ping").status_code == 200
+        # Drained: this worker's mark is gone.
+        assert sorted(p.name for p in ready.iterdir()) == sorted([str(dead.pid), str(sibling.pid)])
+    finally:
+        sibling.kill()
+        sibling.wait()

@@ -34,7 +34,8 @@ NOISE = np.random.default_rng(0).integers(0, 256, (40, 50, 3), dtype=np.uint8)
 def test_settings_defaults_are_sagemakers() -> None:
     settings = settings_from_env({})
     assert settings == Settings()
-    assert (settings.port, settings.max_payload_bytes, settings.workers) == (8080, 6 << 20, 1)
+    # workers: None, chosen for the host at start (serve/workers.py).
+    assert (settings.port, settings.max_payload_bytes, settings.workers) == (8080, 6 << 20, None)
 
 
 def test_settings_read_every_variable() -> None:
