@@ -84,8 +84,9 @@ def model_loader(settings: Settings) -> ModelLoader:
 
 def exit_process(message: str) -> None:
     """A model that cannot load: one line, then the process ends (there is nothing to drain:
-    every request so far was answered 503)."""
-    log.error("cannot serve: %s", message)
+    every request so far was answered 503). Of several workers, the first says it."""
+    if ReadyMarks.from_env(os.environ, 1).claim_failure():
+        log.error("cannot serve: %s", message)
     sys.stdout.flush()
     first = multiprocessing.parent_process() is None
     os._exit(EXIT_BAD_INPUT if first else EXIT_WORKER_CANNOT_START)

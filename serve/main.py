@@ -28,6 +28,7 @@ from serve.tensorflow.model import Archive, ModelError, scan
 from serve.torch import codec as torch_codec
 from serve.workers import (
     READY_DIR_ENV,
+    ReadyMarks,
     folder_bytes,
     host_resources,
     plan_workers,
@@ -95,12 +96,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         plan.reason,
         "".join(f", {name}={value}" for name, value in sorted(threads.items())),
     )
-    # uvicorn drains on SIGTERM/SIGINT, then re-raises the signal with the handlers it found
-    # (uvicorn/server.py, Server.capture_signals), so that the process would die of it (143).
-    # A drained server has succeeded: these handlers absorb the re-raise and we exit 0.
+    # One worker: uvicorn drains on SIGTERM/SIGINT, then re-raises the signal with the handlers
+    # it found (uvicorn/server.py, Server.capture_signals), so that the process would die of it
+    # (143). A drained server has succeeded: these handlers absorb the re-raise and we exit 0.
+    # Several: uvicorn's supervisor takes the signals (its own handlers replace these), stops
+    # the workers, which drain, and returns; it also returns when a worker could not load.
     stop_signals: list[int] = []
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda number, _frame: stop_signals.append(number))
+    # The worker that could not load said why in one line; uvicorn's parent would repeat it.
+    logging.getLogger("uvicorn.error").addFilter(_NoRepeatedStartupFailure())
     uvicorn.run(
         "serve.app:create_app",
         factory=True,
@@ -118,13 +123,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         # not there: the middleware would only cost every request a call.
         proxy_headers=False,
     )
+    marks = ReadyMarks.from_env(os.environ, plan.workers)
+    failed = marks.failed() if ready_dir is not None else not stop_signals
     if ready_dir is not None:
         shutil.rmtree(ready_dir, ignore_errors=True)
-    if not stop_signals:
-        # No one asked it to stop: its workers could not load the model (they said why).
+    if failed:
+        # Not a stop: its workers could not load the model (one of them said why).
         return EXIT_BAD_INPUT
-    log.info("stopped on signal %d", stop_signals[0])
+    log.info("stopped%s", f" on signal {stop_signals[0]}" if stop_signals else "")
     return 0
+
+
+class _NoRepeatedStartupFailure(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().endswith("failed to start, stopping the parent process.")
 
 
 def _described(archive: Archive, settings: Settings) -> str:

@@ -170,6 +170,8 @@ def folder_bytes(folder: Path) -> int:
 
 # Set by main.py for its workers: the folder where each one marks itself loaded.
 READY_DIR_ENV = "SM_SERVE_READY_DIR"
+# In that folder: the first worker that could not load claims it, and says why in one line.
+FAILED_MARK = "failed"
 
 
 def count_ready(names: Sequence[str], alive: Callable[[int], bool]) -> int:
@@ -215,6 +217,22 @@ class ReadyMarks:
         path = self._mark_path()
         if path is not None:
             path.unlink(missing_ok=True)
+
+    def claim_failure(self) -> bool:
+        """Whether this worker is the first whose model could not load (the one that says why:
+        every worker fails on the same model, and the user reads one line)."""
+        if self.folder is None:
+            return True
+        try:
+            os.close(os.open(self.folder / FAILED_MARK, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            return False
+        except OSError:
+            return True
+        return True
+
+    def failed(self) -> bool:
+        return self.folder is not None and (self.folder / FAILED_MARK).exists()
 
     def all_ready(self) -> bool:
         if self.folder is None or self.workers <= 1:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from serve.workers import (
     RUNTIME_BYTES,
     HostResources,
+    ReadyMarks,
     WorkerPlan,
     count_ready,
     cpu_quota_cores,
@@ -123,3 +126,14 @@ def test_ready_marks_count_only_running_workers() -> None:
     alive = {101, 102}.__contains__
     assert count_ready(["101", "102", "99", "tmp.x"], alive) == 2
     assert count_ready([], alive) == 0
+
+
+def test_only_the_first_worker_that_cannot_load_says_so(tmp_path: Path) -> None:
+    marks = ReadyMarks(tmp_path, 2)
+    assert not marks.failed()
+    assert marks.claim_failure()
+    assert not marks.claim_failure()
+    assert marks.failed()
+    # One worker (no folder): it always says why.
+    assert ReadyMarks(None, 1).claim_failure()
+    assert not ReadyMarks(None, 1).failed()
