@@ -645,10 +645,13 @@ def measure_model(  # noqa: PLR0917  (one model's parameters)
         if name == OURS:
             drained = [line.split("drained; ", 1)[-1] for line in logs.splitlines()
                        if "drained; served" in line or "drained; gc:" in line]  # fmt: skip
+            # Its start-up line: the workers and threads it chose for this machine.
+            started = [line.split(" on port ", 1)[-1].split(" ", 2)[-1]
+                       for line in logs.splitlines() if " worker(s) (" in line]  # fmt: skip
             if drained:
-                note = (
-                    f"For the {model}, each of our server's workers at drain: {'; '.join(drained)}."
-                )
+                chose = f" ran {started[0]};" if started else ""
+                note = (f"For the {model}, our server{chose} each worker at drain: "
+                        f"{'; '.join(drained)}.")  # fmt: skip
     return levels, note
 
 
