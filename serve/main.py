@@ -22,6 +22,7 @@ from collections.abc import Sequence
 import uvicorn
 
 from serve import hooks
+from serve.http import OneWriteHttpToolsProtocol
 from serve.logs import configure_logging
 from serve.settings import PYTORCH, Settings, SettingsError, settings_from_env
 from serve.tensorflow.model import Archive, ModelError, scan
@@ -112,6 +113,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         host=settings.host,
         port=settings.port,
         workers=plan.workers,
+        http=OneWriteHttpToolsProtocol,
         # Our own logging format everywhere (uvicorn's loggers propagate to the root logger).
         log_config=None,
         access_log=settings.access_log,
