@@ -33,10 +33,10 @@ MODEL_COPIES = 2
 MEMORY_SHARE = 0.75
 # SAGEMAKER_MODEL_SERVER_WORKERS' own upper bound (settings.py).
 MAX_WORKERS = 64
-# thread_environment's variables are the ones each framework reads its thread counts from when
-# it is imported (in each worker, after main.py set them): TensorFlow's intra-op and inter-op
-# pools (TF_NUM_INTRAOP_THREADS, TF_NUM_INTEROP_THREADS) and OpenMP's (torch, MKL).
-# AWS's TensorFlow Serving container's names for the same two pools, honoured when set.
+# AWS's TensorFlow Serving container's names for TensorFlow's two thread pools, honoured when
+# set. thread_environment sets the variables each framework reads its thread counts from when
+# it is imported (in each worker, after main.py set them): TF_NUM_INTRAOP_THREADS,
+# TF_NUM_INTEROP_THREADS, and OpenMP's OMP_NUM_THREADS (torch, MKL).
 AWS_INTRA_OP_VARIABLE = "SAGEMAKER_TFS_INTRA_OP_PARALLELISM"
 AWS_INTER_OP_VARIABLE = "SAGEMAKER_TFS_INTER_OP_PARALLELISM"
 
@@ -70,11 +70,13 @@ def plan_workers(
     else:
         fit = int(host.memory_bytes * MEMORY_SHARE) // (RUNTIME_BYTES + MODEL_COPIES * model_bytes)
         workers = max(1, min(host.cores, fit, MAX_WORKERS))
-        reason = (
-            f"one per core ({host.cores})"
-            if workers == min(host.cores, MAX_WORKERS)
-            else f"{fit} fit in {host.memory_bytes >> 20} MiB with a {model_bytes >> 20} MiB model"
-        )
+        memory = f"{host.memory_bytes >> 20} MiB with a {model_bytes >> 20} MiB model"
+        if workers == min(host.cores, MAX_WORKERS):
+            reason = f"one per core ({host.cores})"
+        elif fit >= 1:
+            reason = f"{fit} fit in {memory}"
+        else:
+            reason = f"none fits in {memory}: one all the same"
     threads = None if host.gpu else max(1, host.cores // workers)
     return WorkerPlan(workers, threads, reason)
 

@@ -58,7 +58,9 @@ def test_workers_are_fewer_when_their_models_would_not_fit() -> None:
     plan = plan_workers(None, host(2, 4 * GIB), GIB, multi_model=False)
     assert plan == WorkerPlan(1, 2, "1 fit in 4096 MiB with a 1024 MiB model")
     # Never none: one worker even where one does not fit (the load says why if it fails).
-    assert plan_workers(None, host(8, GIB), 4 * GIB, multi_model=False).workers == 1
+    assert plan_workers(None, host(8, GIB), 4 * GIB, multi_model=False) == WorkerPlan(
+        1, 8, "none fits in 1024 MiB with a 4096 MiB model: one all the same"
+    )
     # Small models on a large host: one per core, up to SAGEMAKER_MODEL_SERVER_WORKERS' bound.
     assert plan_workers(None, host(96, 384 * GIB), SMALL, multi_model=False).workers == 64
     assert 64 * RUNTIME_BYTES < 384 * GIB * 0.75
