@@ -10,7 +10,6 @@ SM_SERVE_GRACEFUL_TIMEOUT_S) and exits 0.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import shutil
@@ -18,6 +17,7 @@ import signal
 import sys
 import tempfile
 from collections.abc import Sequence
+from pathlib import Path
 
 import uvicorn
 
@@ -80,15 +80,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         folder_bytes(model_folder),
         multi_model=settings.multi_model,
     )
-    settings = dataclasses.replace(settings, workers=plan.workers)
     threads = thread_environment(plan, os.environ)
     # The workers read their count and their frameworks' thread counts from the environment
     # they inherit (uvicorn spawns them; each imports the framework only when it loads).
     os.environ.update(threads)
     os.environ["SAGEMAKER_MODEL_SERVER_WORKERS"] = str(plan.workers)
-    ready_dir = tempfile.mkdtemp(prefix="serve-ready-") if plan.workers > 1 else None
+    ready_dir = Path(tempfile.mkdtemp(prefix="serve-ready-")) if plan.workers > 1 else None
     if ready_dir is not None:
-        os.environ[READY_DIR_ENV] = ready_dir
+        os.environ[READY_DIR_ENV] = str(ready_dir)
     log.info(
         "serving %s on port %d with %d worker(s) (%s)%s",
         described,
@@ -125,8 +124,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # not there: the middleware would only cost every request a call.
         proxy_headers=False,
     )
-    marks = ReadyMarks.from_env(os.environ, plan.workers)
-    failed = marks.failed() if ready_dir is not None else not stop_signals
+    failed = ReadyMarks(ready_dir, plan.workers).failed() if ready_dir else not stop_signals
     if ready_dir is not None:
         shutil.rmtree(ready_dir, ignore_errors=True)
     if failed:
