@@ -11,6 +11,7 @@ Under load, requests queue while the model runs, so batches fill without waiting
 from __future__ import annotations
 
 import dataclasses
+import statistics
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
@@ -63,6 +64,38 @@ def should_dispatch(
 def remaining_delay(oldest_wait_s: float, max_delay_s: float) -> float:
     """How much longer to wait for more pieces before running a partial batch."""
     return max(0.0, max_delay_s - oldest_wait_s)
+
+
+# A model call expected to take less than this runs on the event loop itself: a thread
+# hand-off (queue, wake-up, GIL, result back through the loop) costs tens of microseconds, more
+# than a small model's whole call in a session (bench: serving). Longer calls run in the
+# model thread, so /ping and reading requests never wait on them.
+INLINE_CALL_MAX_S = 0.001
+# How many of the last calls say how long a call takes: their median, so that a call the OS
+# scheduler paused (two workers share the cores) does not send the next ones to the thread,
+# while a model that turned slow is in the thread after a few calls.
+RECENT_CALLS = 16
+
+
+def runs_inline(recent_calls_s: Sequence[float], rows: int, max_batch_size: int) -> bool:
+    """Whether the next model call runs on the event loop: only once the recent calls were
+    short (the first call, with nothing measured, runs in the thread), and only a batch of at
+    most max_batch_size rows (a large request's runs of many small rows go to the thread)."""
+    return (
+        bool(recent_calls_s)
+        and rows <= max_batch_size
+        and statistics.median(recent_calls_s) < INLINE_CALL_MAX_S
+    )
+
+
+# The longest a request may wait past its timeout before it is answered 504.
+EXPIRY_CHECK_MAX_S = 1.0
+
+
+def expiry_check_s(timeout_s: float) -> float:
+    """How often the batcher looks for requests past their timeout: a tenth of it, at most
+    EXPIRY_CHECK_MAX_S, so a request is answered within 10 % (or 1 s) of its timeout."""
+    return min(EXPIRY_CHECK_MAX_S, timeout_s / 10)
 
 
 def split_rows(counts: Sequence[int]) -> list[slice]:

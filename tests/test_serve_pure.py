@@ -14,7 +14,7 @@ from PIL import Image
 from serve import batching
 from serve.errors import ServeError
 from serve.settings import Settings, SettingsError, execution_parameters, settings_from_env
-from serve.tensorflow import codec
+from serve.tensorflow import codec, model, tfs
 from serve.tensorflow.model import ModelError, parse_classes, scan
 
 
@@ -390,3 +390,51 @@ def test_scan_finds_versions_and_labels_on_disk(tmp_path: Path) -> None:
         ("other", ((7, "other/7"),)),
     ]
     assert archive.labels == {"model": ("0", "1")}
+
+
+def test_a_model_call_runs_inline_only_once_recent_calls_were_short() -> None:
+    short, long = 0.0002, 0.05
+    assert not batching.runs_inline([], 1, 32)  # nothing measured: the thread
+    assert batching.runs_inline([short], 32, 32)
+    assert not batching.runs_inline([short], 33, 32)  # a large request's run of many rows
+    assert not batching.runs_inline([long], 1, 32)
+    # One call the scheduler paused does not move it; a model that turned slow does.
+    assert batching.runs_inline([short] * 15 + [long], 1, 32)
+    assert not batching.runs_inline([short] * 7 + [long] * 9, 1, 32)
+
+
+@pytest.mark.parametrize(("timeout_s", "every_s"), [(60.0, 1.0), (10.0, 1.0), (0.2, 0.02)])
+def test_expiry_check_interval(timeout_s: float, every_s: float) -> None:
+    assert batching.expiry_check_s(timeout_s) == pytest.approx(every_s)
+
+
+@pytest.mark.parametrize(
+    ("environ", "intra", "inter"),
+    [
+        ({}, 0, 0),  # a GPU host: TensorFlow's defaults
+        ({"TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "1"}, 1, -1),
+        ({"TF_NUM_INTRAOP_THREADS": "4", "TF_NUM_INTEROP_THREADS": "2"}, 4, 2),
+        ({"TF_NUM_INTEROP_THREADS": "x"}, 0, 0),
+    ],
+)
+def test_session_threads(environ: dict[str, str], intra: int, inter: int) -> None:
+    assert model.session_threads(environ) == model.SessionThreads(intra, inter)
+
+
+def test_the_meta_graph_served_is_the_only_one_or_the_one_tagged_serve(tmp_path: Path) -> None:
+    assert model.choose_tags([["train"]], tmp_path) == ["train"]
+    assert model.choose_tags([["serve", "gpu"], ["serve"]], tmp_path) == ["serve"]
+    with pytest.raises(ModelError, match=r"no meta graph tagged 'serve' alone \(tag sets: "):
+        model.choose_tags([["serve", "gpu"], ["train"]], tmp_path)
+
+
+def test_a_shape_the_signature_cannot_take_is_named() -> None:
+    spec = tfs.TensorSpec("float32", (None, 8))
+    assert tfs.shape_error("x", spec, (5, 8)) is None
+    assert tfs.shape_error("x", tfs.TensorSpec("float32"), (1, 2, 3)) is None
+    assert tfs.shape_error("x", spec, (1, 7)) == (
+        "input 'x' has shape [1,7], but the signature takes [-1,8]"
+    )
+    assert tfs.shape_error("x", spec, (8,)) == (
+        "input 'x' has shape [8], but the signature takes [-1,8]"
+    )

@@ -17,6 +17,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -886,6 +887,65 @@ def test_the_queue_bound_refuses_only_work_behind_other_work() -> None:
     assert asyncio.run(scenario()) == (8, "503 overloaded: 32 images already wait for the model")
 
 
+def test_short_model_calls_run_on_the_event_loop_and_slow_ones_in_the_model_thread() -> None:
+    async def scenario() -> list[str]:
+        where: list[str] = []
+        took = [0.0]
+
+        def run(_key: object, payloads: list) -> list:
+            where.append(threading.current_thread().name)
+            time.sleep(took[0])
+            return payloads
+
+        batcher = Batcher(run, max_batch_size=4, max_delay_s=0, max_queued_images=10)
+        batcher.start()
+        try:
+            for index in range(3):
+                assert await batcher.collect(batcher.submit([Piece("k", 1, index)])) == [index]
+            took[0] = 0.005  # the model turned slow: after a few calls, the thread again
+            for index in range(12):
+                await batcher.collect(batcher.submit([Piece("k", 1, index)]))
+        finally:
+            await batcher.stop()
+        return where
+
+    where = asyncio.run(scenario())
+    loop_thread = threading.current_thread().name
+    assert where[0].startswith("model")  # nothing measured yet
+    assert where[1:3] == [loop_thread, loop_thread]
+    assert where[-1].startswith("model")
+
+
+def test_a_request_past_its_timeout_gets_timeout_error_while_the_model_hangs() -> None:
+    async def scenario() -> tuple[float, tuple[object, ...]]:
+        release = threading.Event()
+
+        def run(_key: object, payloads: list) -> list:
+            release.wait(5)
+            return payloads
+
+        batcher = Batcher(
+            run, max_batch_size=4, max_delay_s=0, max_queued_images=10, request_timeout_s=0.3
+        )
+        batcher.start()
+        started = time.monotonic()
+        try:
+            running = batcher.submit([Piece("k", 1, 1)])  # in the model, which hangs
+            await asyncio.sleep(0.05)
+            queued = batcher.submit([Piece("k", 1, 2)])  # behind it
+            outcomes = await asyncio.gather(
+                batcher.collect(running), batcher.collect(queued), return_exceptions=True
+            )
+        finally:
+            release.set()
+            await batcher.stop()
+        return time.monotonic() - started, outcomes
+
+    took, outcomes = asyncio.run(scenario())
+    assert [type(outcome) for outcome in outcomes] == [TimeoutError, TimeoutError]
+    assert 0.3 <= took < 1.0
+
+
 def test_a_failed_model_response_goes_through_output_handler(tmp_path: Path) -> None:
     (tmp_path / "code").mkdir()
     (tmp_path / "code" / "inference.py").write_text(
@@ -936,6 +996,35 @@ def test_scalar_rows_take_the_fast_path_with_the_same_rules() -> None:
             tfs.tensors_from_instances(rows, x)
     ints = tfs.tensors_from_instances([1, 2], {"x": tfs.TensorSpec("int64", (None,))})["x"]
     assert ints.dtype == np.int64 and ints.tolist() == [1, 2]
+
+
+def test_rows_of_numbers_take_the_fast_path_with_the_same_rules() -> None:
+    """Feature vectors (the usual tabular request) convert in numpy; anything the general path
+    must judge (a bool, a string, a ragged row, a lossy value) gets its exact message."""
+    x = {"x": tfs.TensorSpec("float32", (None, 3))}
+    fast = tfs.tensors_from_instances([[1, 2.5, float("nan")], [0, -1, 3e38]], x)["x"]
+    assert fast.dtype == np.float32 and fast.shape == (2, 3)
+    assert fast[0, :2].tolist() == [1.0, 2.5] and np.isnan(fast[0, 2])
+    assert fast[1].tolist() == [0.0, -1.0, np.float32(3e38)]
+    deep = tfs.tensors_from_instances([[[1, 2]], [[3, 4]]], {"x": tfs.TensorSpec("float64")})
+    assert deep["x"].shape == (2, 1, 2) and deep["x"].dtype == np.float64
+    refused: list[tuple[list[Any], str]] = [
+        (
+            [[1.0, True]],
+            "Failed to process element: 0 of 'instances' list. Error: Invalid argument",
+        ),
+        ([[1.0, "2"]], "Failed to process element: 0 of 'instances' list. Error: Invalid argument"),
+        ([[1.0, 2.0], [3.0]], "Expecting tensor size: 2 but got: 1"),
+        ([[1.0, [2.0]]], "Failed to process element: 0 of 'instances' list."),
+        ([[1.0, 2**24]], "Cannot convert JSON value: 16777216 to float without loss of precision"),
+        ([[1.0, 1e39]], "Cannot convert JSON value: 1e+39 to float without loss of precision"),
+    ]
+    for rows, message in refused:
+        with pytest.raises(ServeError, match=re.escape(message)):
+            tfs.tensors_from_instances(rows, x)
+    # Below the exactness bound, ints and floats mix as TF Serving takes them.
+    mixed = tfs.tensors_from_instances([[2**24 - 1, 0.5]], x)["x"]
+    assert mixed.tolist() == [[16777215.0, 0.5]]
 
 
 def test_a_model_fn_script_is_refused_in_one_line_before_its_import(tmp_path: Path) -> None:

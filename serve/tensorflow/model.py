@@ -12,6 +12,7 @@ once per worker, after the fork (`load_registry`), warmed up before /ping says y
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -96,8 +97,14 @@ class Signature:
 class Version:
     number: int
     signatures: Mapping[str, Signature]
-    # The loaded SavedModel object: its variables live as long as it does.
+    # The version's session: its graph and variables live as long as it does.
     handle: Any = None
+
+    @functools.cached_property
+    def specs(self) -> Mapping[str, tfs.SignatureSpec]:
+        """Each signature's spec, as the request parsers take them (made once, not per
+        request)."""
+        return {name: signature.spec for name, signature in self.signatures.items()}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,42 +157,127 @@ class Registry:
 
 # --- loading (TensorFlow only from here on) ----------------------------------------------------
 
+# The tag set TF Serving loads by default (--saved_model_tags): chosen where a SavedModel holds
+# several meta graphs.
+SERVE_TAG = "serve"
+# The SignatureDef a TF2 SavedModel keeps for its init op (tables): not a signature to serve,
+# as tf.saved_model.load's and TF Serving's signature lists leave it out.
+INIT_OP_SIGNATURE = "__saved_model_init_op"
 
-def _spec(tensor_spec: Any) -> tfs.TensorSpec:
-    shape = tensor_spec.shape
-    dims = None if shape.rank is None else tuple(shape.as_list())
-    return tfs.TensorSpec(tensor_spec.dtype.name, dims)
+
+def choose_tags(tag_sets: list[list[str]], where: Path) -> list[str]:
+    """The meta graph to serve: the only one, or the one tagged "serve" alone (TF Serving's
+    default); ModelError naming the tag sets otherwise."""
+    if len(tag_sets) == 1:
+        return tag_sets[0]
+    for tags in tag_sets:
+        if set(tags) == {SERVE_TAG}:
+            return tags
+    shown = "; ".join(",".join(tags) or "(none)" for tags in tag_sets) or "none"
+    raise ModelError(f"{where}: no meta graph tagged {SERVE_TAG!r} alone (tag sets: {shown})")
 
 
-def _method_names(version_dir: Path) -> dict[str, str]:
-    """Each signature's method_name (predict, classify, regress), from saved_model.pb."""
+@dataclasses.dataclass(frozen=True)
+class SessionThreads:
+    """A session's thread pools (ConfigProto): 0 is TensorFlow's default; an inter-op count
+    below 0 runs every op in the calling thread."""
+
+    intra_op: int
+    inter_op: int
+
+
+def session_threads(environ: Mapping[str, str]) -> SessionThreads:
+    """The threads serve chose for this worker (workers.py exports them) or the user set, as a
+    session takes them. One inter-op thread (serve's choice on a CPU host) becomes the calling
+    thread itself: the graph then runs where the call is made, with no hand-off to a pool
+    thread and back. That hand-off cost a small model more than its ops (a Keras MLP: about
+    110 us a call in a pool, 25 us in the caller)."""
+
+    def count(name: str) -> int:
+        value = environ.get(name, "").strip()
+        return int(value) if value.isdigit() else 0
+
+    inter = count("TF_NUM_INTEROP_THREADS")
+    return SessionThreads(count("TF_NUM_INTRAOP_THREADS"), -1 if inter == 1 else inter)
+
+
+def _spec(info: Any) -> tfs.TensorSpec:
+    """A SignatureDef's TensorInfo as serve's spec."""
+    import tensorflow as tf  # noqa: PLC0415
+
+    shape = info.tensor_shape
+    dims = None if shape.unknown_rank else tuple(None if d.size < 0 else d.size for d in shape.dim)
+    # A composite tensor's TensorInfo has no dtype of its own (DT_INVALID, 0).
+    dtype = tf.dtypes.as_dtype(info.dtype).name if info.dtype else "invalid"
+    return tfs.TensorSpec(dtype, dims)
+
+
+def _tag_sets(version_dir: Path) -> list[list[str]]:
+    """Each meta graph's tags, from saved_model.pb."""
     from tensorflow.core.protobuf import saved_model_pb2  # noqa: PLC0415
 
     proto = saved_model_pb2.SavedModel()
     proto.ParseFromString((version_dir / SAVED_MODEL).read_bytes())
-    if not proto.meta_graphs:
-        return {}
-    return {name: d.method_name for name, d in proto.meta_graphs[0].signature_def.items()}
+    return [list(meta.meta_info_def.tags) for meta in proto.meta_graphs]
 
 
-def _signature(function: Any, method: str) -> Signature:
+def _signature(session: Any, name: str, definition: Any) -> Signature:
+    """One SignatureDef as a call: feed its inputs' tensors, fetch its outputs, in one session
+    run, as TF Serving runs a signature."""
     import tensorflow as tf  # noqa: PLC0415
+    from tensorflow.core.protobuf import config_pb2  # noqa: PLC0415
 
-    inputs = {name: _spec(spec) for name, spec in function.structured_input_signature[1].items()}
-    outputs = {name: _spec(spec) for name, spec in function.structured_outputs.items()}
-    spec = tfs.SignatureSpec(inputs, outputs, method or "tensorflow/serving/predict")
+    spec = tfs.SignatureSpec(
+        {key: _spec(info) for key, info in definition.inputs.items()},
+        {key: _spec(info) for key, info in definition.outputs.items()},
+        definition.method_name or "tensorflow/serving/predict",
+    )
+    inputs, outputs = sorted(definition.inputs), sorted(definition.outputs)
+    not_dense = [
+        key
+        for key in inputs + outputs
+        for info in [definition.inputs.get(key) or definition.outputs[key]]
+        if info.WhichOneof("encoding") != "name"
+    ]
+    if not_dense:
+
+        def refuse(_tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+            raise ServeError(
+                400, f"signature {name!r}: {', '.join(not_dense)} not a dense tensor (not served)"
+            )
+
+        return Signature(spec, refuse)
+    numpy_types = {
+        key: tf.dtypes.as_dtype(definition.inputs[key].dtype).as_numpy_dtype for key in inputs
+    }
+    # A callable made once: each request then costs one session run, no graph lookups
+    # (Session.make_callable's public form feeds through Python and costs several times more).
+    run = session._make_callable_from_options(
+        config_pb2.CallableOptions(
+            feed=[definition.inputs[key].name for key in inputs],
+            fetch=[definition.outputs[key].name for key in outputs],
+        )
+    )
 
     def call(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if sorted(tensors) != inputs:
+            raise ServeError(
+                400, f"signature {name!r} takes {', '.join(inputs)}; got {', '.join(tensors)}"
+            )
         try:
-            arguments = {
-                name: tf.constant(value, dtype=spec.inputs[name].dtype)
-                for name, value in tensors.items()
-            }
-            results = function(**arguments)
-        except (ValueError, TypeError, tf.errors.InvalidArgumentError) as exc:
-            # A shape or dtype the signature refuses: the request's fault.
+            arrays = [np.asarray(tensors[key], dtype=numpy_types[key]) for key in inputs]
+        except (ValueError, TypeError) as exc:
             raise ServeError(400, one_line(exc)) from None
-        return {name: value.numpy() for name, value in results.items()}
+        for key, array in zip(inputs, arrays, strict=True):
+            problem = tfs.shape_error(key, spec.inputs[key], array.shape)
+            if problem is not None:
+                raise ServeError(400, problem)
+        try:
+            values = run(*arrays)
+        except (tf.errors.InvalidArgumentError, ValueError, TypeError) as exc:
+            # A value the graph refuses: the request's fault.
+            raise ServeError(400, one_line(exc)) from None
+        return dict(zip(outputs, values, strict=True))
 
     return Signature(spec, call)
 
@@ -210,23 +302,43 @@ def _warm_up(model: str, version: int, signature: Signature) -> None:
 
 
 def _load_version(root: Path, entry: ModelEntry, number: int, folder: str) -> Version:
+    """One version in a session of its own, as TF Serving loads it: the graph, its variables
+    restored and its init op run (lookup tables), each signature a callable."""
     import tensorflow as tf  # noqa: PLC0415  (seconds to import: only in the worker, after fork)
+    from tensorflow.python.util import deprecation  # noqa: PLC0415
 
     path = root / folder
+    threads = session_threads(os.environ)
+    config = tf.compat.v1.ConfigProto(
+        intra_op_parallelism_threads=threads.intra_op,
+        inter_op_parallelism_threads=threads.inter_op,
+        # A graph saved with a GPU placement still serves on a CPU host.
+        allow_soft_placement=True,
+    )
+    graph = tf.Graph()
+    session = tf.compat.v1.Session(graph=graph, config=config)
     try:
-        loaded: Any = tf.saved_model.load(str(path))
-        methods = _method_names(path)
+        tags = choose_tags(_tag_sets(path), path)
+        # The TF1 loader is the serving path here, not a migration to make: silence its notice.
+        with graph.as_default(), deprecation.silence():
+            meta_graph = tf.compat.v1.saved_model.loader.load(session, tags, str(path))
+        signatures = {
+            name: _signature(session, name, definition)
+            for name, definition in meta_graph.signature_def.items()
+            if name != INIT_OP_SIGNATURE
+        }
+    except ModelError:
+        session.close()
+        raise
     except Exception as exc:  # noqa: BLE001  (TensorFlow raises many types)
+        session.close()
         raise ModelError(f"cannot load {path}: {one_line(exc)}") from None
-    signatures = {
-        name: _signature(function, methods.get(name, ""))
-        for name, function in loaded.signatures.items()
-    }
     if not signatures:
+        session.close()
         raise ModelError(f"{path} has no signatures to serve")
     if SIGNATURE in signatures:
         _warm_up(entry.name, number, signatures[SIGNATURE])
-    return Version(number, signatures, handle=loaded)
+    return Version(number, signatures, handle=session)
 
 
 def _image_classifier(name: str, version: Version, classes: tuple[str, ...], where: Path) -> Model:

@@ -9,7 +9,6 @@ SavedModel answers TF Serving's REST requests (`tfs`). One batcher per runner.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import io
 import logging
@@ -82,6 +81,7 @@ class TensorflowRunner:
             max_batch_size=settings.max_batch_size,
             max_delay_s=settings.max_batch_delay_ms / 1000,
             max_queued_images=settings.max_queued_images,
+            request_timeout_s=settings.request_timeout_s,
         )
         # Composed once: each model's way of answering /invocations.
         self._invokers: dict[str, Callable[..., Awaitable[Outgoing]]] = {
@@ -123,10 +123,8 @@ class TensorflowRunner:
         return await self._invokers[model.name](incoming, model, version, attributes.method)
 
     async def _wait(self, pieces: list[Piece]) -> list[Any]:
-        futures = self.batcher.submit(pieces)
-        # asyncio.timeout, not wait_for: no task of its own per request (one loop hand-off less).
-        async with asyncio.timeout(self.settings.request_timeout_s):
-            return await self.batcher.collect(futures)
+        # The batcher answers TimeoutError past settings.request_timeout_s.
+        return await self.batcher.collect(self.batcher.submit(pieces))
 
     async def _tensors(
         self, incoming: Incoming, model: Model, version: Version, method: str
@@ -147,7 +145,7 @@ class TensorflowRunner:
         self, model: Model, version: Version, method: str, document: Any, size: int
     ) -> bytes:
         """TF Serving's answer to one parsed request: predict, classify or regress."""
-        specs = {name: signature.spec for name, signature in version.signatures.items()}
+        specs = version.specs
         if method == "predict":
             request = await off_loop(size, tfs.parse_predict, document, specs)
             signature = version.signatures[request.signature_name]

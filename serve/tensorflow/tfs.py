@@ -55,6 +55,22 @@ class SignatureSpec:
     method: str = "tensorflow/serving/predict"
 
 
+def shape_error(name: str, spec: TensorSpec, shape: tuple[int, ...]) -> str | None:
+    """Why a tensor of `shape` cannot feed the signature's input `name`, or None when it can
+    (same rank, every known dimension equal): checked before the model runs, so a wrong shape
+    is the request's one-line 400, not an error from deep inside the graph."""
+    if spec.shape is None:
+        return None
+    if len(shape) == len(spec.shape) and all(
+        expected is None or expected == actual
+        for expected, actual in zip(spec.shape, shape, strict=True)
+    ):
+        return None
+    wanted = ",".join("-1" if d is None else str(d) for d in spec.shape)
+    got = ",".join(str(d) for d in shape)
+    return f"input {name!r} has shape [{got}], but the signature takes [{wanted}]"
+
+
 @dataclasses.dataclass(frozen=True)
 class PredictRequest:
     signature_name: str
@@ -150,12 +166,16 @@ class CustomAttributes:
     method: str = "predict"
 
 
+# A request without the header (most of them): the default model, version and method.
+NO_ATTRIBUTES = CustomAttributes()
 _ATTRIBUTE = re.compile(r"tfs-[a-z\-]+=[^,]+")
 
 
 def parse_custom_attributes(header: str | None) -> CustomAttributes:
     """X-Amzn-SageMaker-Custom-Attributes: tfs-model-name, tfs-model-version and tfs-method
     (AWS's container matches `tfs-[a-z-]+=[^,]+`; other keys are ignored)."""
+    if not header:
+        return NO_ATTRIBUTES
     found: dict[str, str] = {}
     for match in _ATTRIBUTE.finditer(header or ""):
         key, _, value = match.group(0).partition("=")
@@ -367,21 +387,27 @@ def _add_item(
     previous.append(tensor)
 
 
-def _scalar_rows(instances: list[Any], dtype: str) -> np.ndarray | None:
-    """The common large case (one CSV column, a list of numbers) in one numpy call: every row a
-    JSON number a float input takes exactly. None when any row is not: the general path then
-    checks each one and names the first that fails."""
+def _number_rows(instances: list[Any], dtype: str) -> np.ndarray | None:
+    """The common case in a few numpy calls: rows of JSON numbers, nested lists of one shape
+    (one CSV column; a feature vector per row), for a float input that takes every one exactly.
+    None when any value is not a number, the rows differ in shape, or a value is one the
+    general path must judge: that path then checks each value and names the first that fails."""
     if dtype not in _FLOAT_EXACT:
         return None
-    kinds = {type(value) for value in instances}
+    try:
+        # Nested lists of one shape become one array of the JSON values; ragged ones, lists.
+        cells = np.array(instances, dtype=object)
+    except ValueError:
+        return None
+    kinds = set(map(type, cells.flat))
+    # bool is not a number here (type(True) is bool): TF Serving refuses it for a float.
     if not kinds <= {float, int}:
         return None
-    array = np.array(instances, dtype=np.float64)
+    array = cells.astype(np.float64)
     exact, highest = _FLOAT_EXACT[dtype]
-    if int in kinds and np.abs(array[[type(v) is int for v in instances]]).max() > exact:
-        return None
-    finite = array[np.isfinite(array)]
-    if highest is not None and finite.size and np.abs(finite).max() > highest:
+    bound = exact if int in kinds else highest
+    # Not below the bound, or NaN/Infinity somewhere: rare, and the general path's to judge.
+    if bound is not None and array.size and not np.abs(array).max() <= bound:
         return None
     return array.astype(dtype)
 
@@ -397,7 +423,7 @@ def tensors_from_instances(
             "instances is a plain list, but expecting list of objects as multiple input "
             "tensors required as per tensorinfo_map"
         )
-    fast = _scalar_rows(instances, inputs[names[0]].dtype) if len(names) == 1 else None
+    fast = _number_rows(instances, inputs[names[0]].dtype) if len(names) == 1 else None
     if fast is not None:
         return {names[0]: fast}
     objects = _is_element_object(instances[0])
