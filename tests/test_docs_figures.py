@@ -94,6 +94,7 @@ CONSTANTS = (
     Constant("docs/benchmarks.md", "about 20 ms", "bench/programs/steps_mpi.py's --step-ms"),
     Constant("docs/benchmarks.md", "never within 120 s", "bench/torch_backend.py: FAULT_TIMEOUT_S"),
     Constant("docs/serve.md", "512 MiB", "serve/workers.py's RUNTIME_BYTES"),
+    Constant("docs/serve.md", "under 1 ms", "serve/batching.py's INLINE_CALL_MAX_S"),
     Constant("docs/design.md", "up to 1 s after", "entrypoint/supervise.py's LOSS_SETTLE_S"),
     Constant("docs/design.md", "1 s and 20 s", "heartbeat_interval_s and lost_after_s"),
     Constant("docs/design.md", "20 s", "the channel's silence bound (lost_after_s)"),

@@ -151,7 +151,12 @@ def test_bad_requests_get_their_status_and_the_next_one_is_served(server: ServeC
             "Failed to process element: 1",
         ),
         (b'{"instances": [["a", 2, 3, 4, 5, 6, 7, 8]]}', mlp, 400, "Failed to process element: 0"),
-        (b"[[1, 2, 3]]", mlp, 400, "InvalidArgumentError: "),
+        (
+            b"[[1, 2, 3]]",
+            mlp,
+            400,
+            "input 'features' has shape [1,3], but the signature takes [-1,8]",
+        ),
         (b'{"signature_name": "x", "instances": [1]}', mlp, 400, 'Serving signature name: "x"'),
         (b"[1]", attributes("tfs-model-name=nope"), 404, "Servable not found for request: Latest"),
         (b"[1]", attributes("tfs-model-name=mlp,tfs-model-version=7"), 404, "Servable not found"),
