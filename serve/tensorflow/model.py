@@ -235,8 +235,7 @@ def _signature(session: Any, name: str, definition: Any) -> Signature:
     inputs, outputs = sorted(definition.inputs), sorted(definition.outputs)
     not_dense = [
         key
-        for key in inputs + outputs
-        for info in [definition.inputs.get(key) or definition.outputs[key]]
+        for key, info in [*definition.inputs.items(), *definition.outputs.items()]
         if info.WhichOneof("encoding") != "name"
     ]
     if not_dense:
@@ -327,15 +326,14 @@ def _load_version(root: Path, entry: ModelEntry, number: int, folder: str) -> Ve
             for name, definition in meta_graph.signature_def.items()
             if name != INIT_OP_SIGNATURE
         }
+        if not signatures:
+            raise ModelError(f"{path} has no signatures to serve")
     except ModelError:
         session.close()
         raise
     except Exception as exc:  # noqa: BLE001  (TensorFlow raises many types)
         session.close()
         raise ModelError(f"cannot load {path}: {one_line(exc)}") from None
-    if not signatures:
-        session.close()
-        raise ModelError(f"{path} has no signatures to serve")
     if SIGNATURE in signatures:
         _warm_up(entry.name, number, signatures[SIGNATURE])
     return Version(number, signatures, handle=session)

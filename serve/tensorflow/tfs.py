@@ -177,7 +177,7 @@ def parse_custom_attributes(header: str | None) -> CustomAttributes:
     if not header:
         return NO_ATTRIBUTES
     found: dict[str, str] = {}
-    for match in _ATTRIBUTE.finditer(header or ""):
+    for match in _ATTRIBUTE.finditer(header):
         key, _, value = match.group(0).partition("=")
         found[key] = value.strip()
     version = found.get("tfs-model-version")
@@ -406,8 +406,15 @@ def _number_rows(instances: list[Any], dtype: str) -> np.ndarray | None:
     array = cells.astype(np.float64)
     exact, highest = _FLOAT_EXACT[dtype]
     bound = exact if int in kinds else highest
-    # Not below the bound, or NaN/Infinity somewhere: rare, and the general path's to judge.
-    if bound is not None and array.size and not np.abs(array).max() <= bound:
+    if bound is None or not array.size:
+        return array.astype(dtype)
+    magnitudes = np.abs(array)
+    largest = magnitudes.max()
+    if not np.isfinite(largest):
+        # NaN and Infinity are taken as they are (a float input): the bound is for the rest.
+        finite = magnitudes[np.isfinite(magnitudes)]
+        largest = finite.max() if finite.size else 0.0
+    if largest > bound:
         return None
     return array.astype(dtype)
 
