@@ -187,8 +187,9 @@ RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
 
 # py-spy reads every rank's stack from outside, a stopped rank's too (entrypoint/host/stacks.py,
 # a stall or a stop's grace running out). Where ptrace is refused, the ranks the entry point
-# starts (SM_HVD_STACKS_ON_SIGUSR2=1) write their own on SIGUSR2: a .pth line registers
-# faulthandler at start (Debian's own sitecustomize would shadow one of ours). A layer of their own.
+# starts (SM_HVD_STACKS_DIR set) write their own on SIGUSR2 into a file of their own: a .pth line
+# registers faulthandler at start, never chained to SIGUSR2's default action, which would end the
+# rank (smcommon/stacks_hook.py; Debian's own sitecustomize would shadow one of ours).
 ARG PY_SPY_VERSION
 RUN --mount=type=cache,target=/root/.cache/pip \
     --mount=type=secret,id=ca,target=/etc/ssl/certs/ca-certificates.crt \
@@ -351,8 +352,9 @@ RUN set -eux; \
 
 # py-spy reads every rank's stack from outside, a stopped rank's too (entrypoint/host/stacks.py,
 # a stall or a stop's grace running out). Where ptrace is refused, the ranks the entry point
-# starts (SM_HVD_STACKS_ON_SIGUSR2=1) write their own on SIGUSR2: a .pth line registers
-# faulthandler at start (Debian's own sitecustomize would shadow one of ours). A layer of their own.
+# starts (SM_HVD_STACKS_DIR set) write their own on SIGUSR2 into a file of their own: a .pth line
+# registers faulthandler at start, never chained to SIGUSR2's default action, which would end the
+# rank (smcommon/stacks_hook.py; Debian's own sitecustomize would shadow one of ours).
 ARG PY_SPY_VERSION
 RUN --mount=type=cache,target=/root/.cache/pip \
     --mount=type=secret,id=ca,target=/etc/ssl/certs/ca-certificates.crt \

@@ -2,9 +2,11 @@
 each worker reports its own over the channel and writes its ranks' stacks when asked.
 
 Master: every CHECK_INTERVAL_S, the rule over its own samples and the workers' latest reports
-(aged since they came). A stall must hold for CONFIRM_S (a report interval and a little: every
-worker's next report agrees) before the master asks every host for its ranks' stacks (each host
-writes them into its own log) and fails the job with a `Stalled` line.
+(aged since they came). A suspected stall must hold for CONFIRM_S (a report interval and a
+little) before the master asks every host for its ranks' stacks at once (the workers' and its
+own in parallel; each host writes them into its own log) and judges with them in hand
+(stall.py `judge`): a stall fails the job with a `Stalled` line; a job in which a rank works
+while the others wait is healthy, and is not suspected again for a timeout.
 Worker: a RankReport every REPORT_INTERVAL_S, and at once when a rank's output ended on an
 error line (the master's failure line quotes it); DumpStacks answered with the main threads'
 frames.
@@ -28,15 +30,24 @@ from entrypoint.channel.protocol import (
 )
 from entrypoint.channel.session import Handlers, Session
 from entrypoint.host.activity import HostWatch
-from entrypoint.stall import Frame, Stall, culprits, find_stall, stall_message
+from entrypoint.stall import (
+    Frame,
+    Stall,
+    Verdict,
+    find_stall,
+    healthy_message,
+    judge,
+    stall_message,
+)
 from smcommon.failure import Failure, Reason
 
 log = logging.getLogger("entrypoint")
 
 CHECK_INTERVAL_S = 1.0
 CONFIRM_S = REPORT_INTERVAL_S + 1.0
-# How long the master waits for the workers' stacks (py-spy on every rank, in parallel per host).
-STACKS_TIMEOUT_S = 30.0
+# How long the master waits for the workers' stacks (py-spy on every rank in parallel, bounded
+# by its 10 s; the ranks' own dumps by 3 s).
+STACKS_TIMEOUT_S = 20.0
 STALLED_WHY = "the job stalled"
 GRACE_WHY = "still running when the stop's grace ran out"
 
@@ -62,6 +73,8 @@ class MasterStalls:
         self._wall = wall
         self._next_check = 0.0
         self._since: float | None = None
+        # After a healthy verdict: not suspected again before this.
+        self._quiet_until = 0.0
 
     def handlers(self) -> Handlers:
         return {RankReport: self._on_report}
@@ -76,7 +89,7 @@ class MasterStalls:
 
     def check(self, now: float) -> Failure | None:
         """The job's failure once it has stalled (confirmed), else None."""
-        if self._timeout_s <= 0 or now < self._next_check:
+        if self._timeout_s <= 0 or now < self._next_check or now < self._quiet_until:
             return None
         self._next_check = now + CHECK_INTERVAL_S
         if not self.watch.reported(self._workers):
@@ -94,26 +107,34 @@ class MasterStalls:
             )
         if now - self._since < CONFIRM_S:
             return None
-        return self._fail(stall)
-
-    def _fail(self, stall: Stall) -> Failure:
-        log.error("the job stalled: writing every rank's stack into each host's log")
-        stacks = dict(self.watch.dump_stacks(STALLED_WHY))
-        stacks.update(self._workers_stacks(STALLED_WHY))
-        message = stall_message(stall, stacks, self._wall(), self._timeout_s)
+        self._since = None
+        verdict = self._judge(stall)
+        if not verdict.stalled:
+            log.warning("%s", healthy_message(verdict))
+            self._quiet_until = now + self._timeout_s
+            return None
+        message = stall_message(verdict, self._wall(), self._timeout_s)
+        log.error("the job stalled: %s", message)
         # "(on <host>)": the first named rank's host, as for a rank's own failure.
-        return Failure(Reason.STALLED, message, culprits(stall, stacks)[0].host)
+        return Failure(Reason.STALLED, message, verdict.named[0].sample.host)
 
-    def _workers_stacks(self, why: str) -> dict[str, tuple[Frame, ...]]:
+    def _judge(self, stall: Stall) -> Verdict:
+        log.warning("reading every rank's stack on every host")
+        stacks = self._every_stack(STALLED_WHY)
+        return judge(self.watch.job_samples(), stacks, self._timeout_s, stall.quiet_s)
+
+    def _every_stack(self, why: str) -> dict[str, tuple[Frame, ...]]:
+        """Every host's stacks at once: the workers asked first, this host's read meanwhile."""
         ask = self._ask
-        if ask is None or not self._workers:
-            return {}
+        workers = self._workers if ask is not None else ()
         found: dict[str, tuple[Frame, ...]] = {}
-        with concurrent.futures.ThreadPoolExecutor(min(len(self._workers), 32)) as pool:
+        with concurrent.futures.ThreadPoolExecutor(max(1, min(len(workers), 32))) as pool:
             answers = {
                 host: pool.submit(ask, host, DumpStacks(why), STACKS_TIMEOUT_S)
-                for host in self._workers
+                for host in workers
+                if ask is not None
             }
+            found.update(self.watch.dump_stacks(why))
             for host, answer in answers.items():
                 try:
                     response = answer.result()
@@ -126,8 +147,7 @@ class MasterStalls:
 
     def grace_expired(self) -> None:
         """Ranks still alive when the stop's grace ran out: every host writes their stacks."""
-        self.watch.dump_stacks(GRACE_WHY)
-        self._workers_stacks(GRACE_WHY)
+        self._every_stack(GRACE_WHY)
 
 
 class WorkerStalls:

@@ -144,6 +144,8 @@ def test_channels():
          "stall_timeout_seconds='-5' is not a number of seconds (0 turns it off)"),
         ({"hyperparameters": {"stall_timeout_seconds": "ten"}},
          "stall_timeout_seconds='ten' is not a number of seconds"),
+        ({"hyperparameters": {"stall_timeout_seconds": "29"}},
+         "stall_timeout_seconds='29' is below its floor of 30 s (0 turns it off)"),
         ({"hyperparameters": {"bad name": "1"}}, "'bad name' is not a valid name"),
         ({"hyperparameters": {"sagemaker_program": '"/abs/train.py"'}},
          "must be relative to the submit directory"),

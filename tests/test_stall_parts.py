@@ -129,21 +129,58 @@ def test_a_frozen_rank_is_sampled_stopped(tmp_path: Path):
 PTH_LINE = (Path(__file__).resolve().parent.parent / "docker" / "sm_horovod_stacks.pth").read_text()
 
 
-def test_where_py_spy_cannot_read_a_rank_it_writes_its_own_stack(monkeypatch):
+def test_where_py_spy_cannot_read_a_rank_it_writes_its_own_stack_and_lives_on(
+    monkeypatch, tmp_path: Path, capfd
+):
     """The faulthandler fallback: the image's .pth line registers SIGUSR2 in the processes the
     entry point starts (here run by the program itself: the test's Python lacks the image's
-    site-packages); their stack reaches the pump tagged with the rank."""
+    site-packages); each writes its stack into its own file, the host reads it, writes it into
+    the log tagged with the rank, classifies it, and the rank is still alive afterwards (a
+    chained handler would end it with SIGUSR2's default action, exit 140)."""
     program = PTH_LINE + (
-        "import time\ndef wait_forever():\n    time.sleep(30)\nprint('up', flush=True)\n"
-        "wait_forever()\n"
+        "import threading, time\n"
+        "def wait_forever():\n    time.sleep(30)\n"
+        "threading.Thread(target=time.sleep, args=(30,), daemon=True).start()\n"
+        "print('up', flush=True)\nwait_forever()\n"
     )
     monkeypatch.setattr(stacks, "py_spy_dump", lambda pid: None)
+    monkeypatch.setattr(rank_shim, "STACKS_DIR", str(tmp_path))
     launch = ProcessesLaunch((HostProcess((sys.executable, "-c", program), {}, None),))
     part = local_part(Backend.PER_HOST, launch, is_master=True, host="algo-1")
     part.start()
     try:
         until(lambda: "up" in part.watch.pump.recent())
+        part.watch.sample()
+        found = part.watch.dump_stacks("a test")
+        (frames,) = found.values()
+        assert list(found) == ["algo-1 program"]
+        assert frames[0].function == "wait_forever"
+        assert frames[-1].function == "<module>"
+        log = capfd.readouterr().out
+        assert "[algo-1 program] stack (a test):\n[algo-1 program] Thread 0x" in log
+        assert '[algo-1 program]   File "<string>", line 4 in wait_forever\n' in log
+        # Asked twice, answered twice, alive throughout.
+        assert part.watch.dump_stacks("again")["algo-1 program"] == frames
+        (stream,) = part.watch.pump.streams()
+        assert not stream.ended
+        assert [sample.label for sample in part.watch.samples()] == ["program"]
+    finally:
+        part.end()
+
+
+def test_a_process_without_a_stack_file_is_never_signalled(monkeypatch, tmp_path: Path):
+    """SIGUSR2 ends a process that did not register for it (a shell, another Python)."""
+    monkeypatch.setattr(stacks, "py_spy_dump", lambda pid: None)
+    monkeypatch.setattr(rank_shim, "STACKS_DIR", str(tmp_path))
+    launch = ProcessesLaunch((HostProcess((sys.executable, "-c", SLEEPER), {}, None),))
+    part = local_part(Backend.PER_HOST, launch, is_master=True, host="algo-1")
+    part.start()
+    try:
+        until(lambda: "up" in part.watch.pump.recent())
+        part.watch.sample()
         assert part.watch.dump_stacks("a test") == {}
-        until(lambda: any("in wait_forever" in line for line in part.watch.pump.recent()))
+        time.sleep(0.5)
+        part.watch.sample()
+        assert [sample.label for sample in part.watch.samples()] == ["program"]
     finally:
         part.end()

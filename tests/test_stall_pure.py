@@ -19,14 +19,21 @@ from entrypoint.channel.protocol import (
     message_to_json,
 )
 from entrypoint.host import stacks
-from entrypoint.host.activity import HostWatch, RankError, ThreadTimes, parse_stat
+from entrypoint.host.activity import HostWatch, RankError, ThreadTimes, descendants, parse_stat
+from entrypoint.host.progress import TreeReading
 from entrypoint.host.rank_output import LineAssembler, OutputPump, last_error, tag
 from entrypoint.stall import (
     Frame,
     RankSample,
+    Role,
+    StackKind,
     Stall,
     find_stall,
+    healthy_message,
     in_collective,
+    is_progress_line,
+    judge,
+    stack_kind,
     stall_message,
     user_frame,
 )
@@ -38,8 +45,19 @@ from smcommon.failure import Reason
 T = 60.0
 
 
-def sample(label: str, quiet: float, idle: float, host: str = "algo-1", stopped: bool = False):
-    return RankSample(host, label, quiet_s=quiet, idle_s=idle, stopped=stopped)
+def sample(
+    label: str,
+    quiet: float,
+    idle: float,
+    *,
+    host: str = "algo-1",
+    stopped: bool = False,
+    helpers: float = 0.0,
+    said: bool = True,
+):
+    return RankSample(
+        host, label, quiet_s=quiet, idle_s=idle, stopped=stopped, said=said, helper_share=helpers
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -87,6 +105,50 @@ def test_a_report_ages_until_the_next_one():
     assert sample("rank 0", 1, 2).aged(5) == sample("rank 0", 6, 7)
 
 
+def test_until_its_first_line_a_rank_has_three_timeouts():
+    silent_since_start = sample("rank 0", 170, 170, said=False)
+    assert find_stall([silent_since_start, sample("rank 1", 170, 170)], T) is None
+    assert find_stall([silent_since_start.aged(10), sample("rank 1", 180, 180)], T) == Stall(
+        180, (silent_since_start.aged(10), sample("rank 1", 180, 180))
+    )
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "[2026-11-28 00:10:22.104276: W /tmp/pip-req-build-x/horovod/common/stall_inspector.cc:"
+        "107] One or more tensors were submitted to be reduced, gathered or broadcasted by subset "
+        "of ranks and are waiting for remainder of ranks for more than 60 seconds. ",
+        "Stalled ranks:",
+        "Missing ranks:",
+        "3: [HorovodAllreduce_Const_0]",
+        "3!: [HorovodAllreduce_Const_0, HorovodAllreduce_Const_1 ...]",
+        'One or more rank (marked by "!") is stalled for longer than 300 seconds. Will shutdown.',
+        "2026-11-28 00:10:22.1: I tensorflow/core/distributed_runtime/master.cc:221] CreateSession "
+        "still waiting for response from worker: /job:worker/replica:0/task:1",
+        "[I1128 00:10:22.1 store.py:91] Waiting in store based barrier to initialize process group "
+        "for rank: 0, key: store_based_barrier_key:1 (world_size=2, num_workers_joined=1, "
+        "timeout=0:30:00)",
+    ],
+)
+def test_lines_repeated_while_waiting_are_no_progress(line):
+    assert not is_progress_line(line)
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "step 3 loss 0.5",
+        "",
+        "Epoch 3: [=====>    ] 50%",
+        "rank 3: [1, 2] allreduced",
+        "WARNING: stall_inspector was disabled",
+    ],
+)
+def test_other_lines_are_progress(line):
+    assert is_progress_line(line)
+
+
 # --------------------------------------------------------------------------------------------
 # Wording
 
@@ -98,49 +160,243 @@ SLEEPING = (
 IN_ALLREDUCE = (Frame("step", "/opt/ml/code/train.py", 22, "total = comm.allreduce(x)"),)
 
 
+def stall_of(*samples: RankSample) -> Stall | None:
+    return find_stall(samples, T)
+
+
+def verdict_of(samples, stacks_by_rank):
+    return judge(samples, stacks_by_rank, T, min(each.quiet_s for each in samples))
+
+
+HOROVOD_WAIT = (
+    Frame(
+        "_allreduce", "/opt/venv/lib/python3.11/site-packages/horovod/tensorflow/mpi_ops.py", 124
+    ),
+    Frame(
+        "allreduce", "/opt/venv/lib/python3.11/site-packages/horovod/tensorflow/__init__.py", 150
+    ),
+    Frame("main", "/opt/ml/code/train.py", 12, "hvd.allreduce(tf.constant(1.0))"),
+)
+TF_FUNCTION = (
+    Frame(
+        "quick_execute",
+        "/opt/venv/lib/python3.11/site-packages/tensorflow/python/eager/execute.py",
+        53,
+    ),
+    Frame(
+        "__call__",
+        "/opt/venv/lib/python3.11/site-packages/tensorflow/python/eager/polymorphic_function/polymorphic_function.py",
+        832,
+    ),
+    Frame("main", "/opt/ml/code/train.py", 20, "work()"),
+)
+JOINING = (
+    Frame("_wait_for_tstate_lock", "/usr/lib/python3.11/threading.py", 1132),
+    Frame("join", "/usr/lib/python3.11/threading.py", 1112),
+    Frame("main", "/opt/ml/code/train.py", 20, "worker.join()"),
+)
+
+
 def test_the_stall_line_names_the_stuck_rank_since_when_where_and_what_the_others_did():
     stuck = sample("rank 3", 61, 60, host="algo-2")
-    stall = Stall(61, (stuck,))
-    stacks_by_rank = {"algo-2 rank 3": SLEEPING, "algo-1 rank 0": IN_ALLREDUCE}
-    assert stall_message(stall, stacks_by_rank, WALL, T) == (
+    waiting = sample("rank 0", 61, 0.5)
+    verdict = verdict_of(
+        [stuck, waiting], {"algo-2 rank 3": SLEEPING, "algo-1 rank 0": IN_ALLREDUCE}
+    )
+    assert verdict.stalled
+    assert stall_message(verdict, WALL, T) == (
         "no rank wrote output for 61 s (stall_timeout_seconds=60); stopped progressing: "
         "algo-2 rank 3 (idle since 20:15:04 UTC, in wait_forever (train.py:31) <- "
         "main (train.py:40)); the others were waiting in step (train.py:22)"
     )
 
 
-def test_when_every_rank_is_idle_the_ones_in_a_collective_are_victims():
-    culprit = sample("rank 1", 70, 70)
-    victim = sample("rank 0", 70, 70)
-    stall = Stall(70, (culprit, victim))
-    stacks_by_rank = {"algo-1 rank 1": SLEEPING, "algo-1 rank 0": IN_ALLREDUCE}
-    message = stall_message(stall, stacks_by_rank, WALL, T)
-    assert "stopped progressing: algo-1 rank 1 (idle since 20:14:54 UTC, in wait_forever" in message
-    assert "rank 0 (" not in message
-    assert message.endswith("the others were waiting in step (train.py:22)")
+def test_a_hung_horovod_rank_is_named_not_the_ones_waiting_for_it():
+    """The issue's case: every rank idle (Horovod's waits block the main thread), their
+    background loops spinning alike; only the stacks tell."""
+    ranks = [
+        sample("rank 0", 157, 150, helpers=0.40),
+        sample("rank 1", 157, 150, helpers=0.45),
+        sample("rank 2", 157, 150, host="algo-2", helpers=0.50),
+        sample("rank 3", 157, 150, host="algo-2", helpers=0.55),
+    ]
+    stacks_by_rank = {
+        "algo-1 rank 0": HOROVOD_WAIT,
+        "algo-1 rank 1": HOROVOD_WAIT,
+        "algo-2 rank 2": HOROVOD_WAIT,
+        "algo-2 rank 3": SLEEPING,
+    }
+    verdict = judge(ranks, stacks_by_rank, 150, 157)
+    assert verdict.stalled
+    assert [rank.sample.name for rank in verdict.named] == ["algo-2 rank 3"]
+    message = stall_message(verdict, WALL, 150)
+    assert "stopped progressing: algo-2 rank 3 (idle since " in message
+    assert message.endswith(
+        "the others were waiting in _allreduce (mpi_ops.py:124) <- allreduce (__init__.py:150)"
+    )
+
+
+@pytest.mark.parametrize("stack", [TF_FUNCTION, JOINING, SLEEPING])
+def test_a_rank_whose_threads_work_while_the_others_wait_is_healthy(stack):
+    """A tf.function on TensorFlow's threads, a worker thread, a child process: the rank's
+    main thread waits on them; their CPU is well above what the waiting ranks' threads burn."""
+    ranks = [
+        sample("rank 0", 70, 70, helpers=1.30),
+        sample("rank 1", 70, 70, helpers=0.50),
+        sample("rank 2", 70, 70, host="algo-2", helpers=0.70),
+    ]
+    stacks_by_rank = {
+        "algo-1 rank 0": stack,
+        "algo-1 rank 1": HOROVOD_WAIT,
+        "algo-2 rank 2": HOROVOD_WAIT,
+    }
+    verdict = verdict_of(ranks, stacks_by_rank)
+    assert not verdict.stalled
+    assert [rank.sample.name for rank in verdict.of(Role.WORKING)] == ["algo-1 rank 0"]
+    assert healthy_message(verdict).startswith(
+        "no rank wrote output for 70 s, but algo-1 rank 0 is working"
+    )
+
+
+def test_a_rank_whose_threads_burn_only_what_a_waiting_ranks_do_is_stuck():
+    ranks = [
+        sample("rank 0", 70, 70, helpers=0.60),
+        sample("rank 1", 70, 70, helpers=0.50),
+        # algo-2's waiting rank burns more: algo-1's rank 0 is measured against algo-1's.
+        sample("rank 2", 70, 70, host="algo-2", helpers=0.95),
+    ]
+    stacks_by_rank = {
+        "algo-1 rank 0": TF_FUNCTION,
+        "algo-1 rank 1": HOROVOD_WAIT,
+        "algo-2 rank 2": HOROVOD_WAIT,
+    }
+    verdict = verdict_of(ranks, stacks_by_rank)
+    assert verdict.stalled
+    assert [(rank.sample.name, rank.role) for rank in verdict.named] == [
+        ("algo-1 rank 0", Role.IDLE_IN_FRAMEWORK)
+    ]
+
+
+def test_a_rank_whose_main_thread_works_while_the_others_wait_is_healthy():
+    verdict = verdict_of(
+        [sample("rank 0", 70, 0.5), sample("rank 1", 70, 70)],
+        {"algo-1 rank 0": SLEEPING, "algo-1 rank 1": IN_ALLREDUCE},
+    )
+    assert not verdict.stalled
+
+
+def test_ranks_that_busy_poll_in_a_collective_are_waiting_not_working():
+    """mpi4py's allreduce spins the main thread: its CPU is no work."""
+    verdict = verdict_of(
+        [sample("rank 0", 70, 0.5), sample("rank 1", 70, 70)],
+        {"algo-1 rank 0": IN_ALLREDUCE, "algo-1 rank 1": SLEEPING},
+    )
+    assert verdict.stalled
+    assert [rank.sample.name for rank in verdict.named] == ["algo-1 rank 1"]
+
+
+def test_when_every_rank_waits_in_a_collective_every_one_is_named():
+    verdict = verdict_of(
+        [sample("rank 0", 70, 70), sample("rank 1", 70, 65)],
+        {"algo-1 rank 0": IN_ALLREDUCE, "algo-1 rank 1": HOROVOD_WAIT},
+    )
+    assert verdict.stalled
+    message = stall_message(verdict, WALL, T)
+    assert "algo-1 rank 0 (waiting in a collective since 20:14:54 UTC, in step" in message
+    assert "algo-1 rank 1 (waiting in a collective since 20:14:59 UTC, in _allreduce" in message
 
 
 def test_a_frozen_rank_without_a_stack_is_named_frozen():
-    stall = Stall(61, (sample("rank 2", 61, 61, host="algo-2", stopped=True),))
-    assert stall_message(stall, {}, WALL, T).endswith(
-        "stopped progressing: algo-2 rank 2 (stopped since 20:15:03 UTC)"
+    verdict = verdict_of(
+        [sample("rank 2", 61, 61, host="algo-2", stopped=True), sample("rank 0", 61, 1)],
+        {"algo-1 rank 0": IN_ALLREDUCE},
+    )
+    assert stall_message(verdict, WALL, T).startswith(
+        "no rank wrote output for 61 s (stall_timeout_seconds=60); stopped progressing: "
+        "algo-2 rank 2 (stopped since 20:15:03 UTC, no stack: named from its activity)"
+    )
+
+
+def test_without_any_stack_the_idle_ranks_are_named_from_their_activity():
+    verdict = verdict_of([sample("rank 0", 61, 61), sample("rank 1", 61, 1)], {})
+    assert verdict.stalled is False  # rank 1 progresses: it may be the one working
+    verdict = verdict_of([sample("rank 0", 61, 61), sample("rank 1", 70, 70)], {})
+    assert [rank.sample.name for rank in verdict.named] == ["algo-1 rank 1", "algo-1 rank 0"]
+    assert "(idle since 20:14:54 UTC, no stack: named from its activity)" in stall_message(
+        verdict, WALL, T
     )
 
 
 @pytest.mark.parametrize(
     ("frames", "expected"),
     [
-        (IN_ALLREDUCE, True),
-        ((Frame("barrier", "/x/torch/distributed/distributed_c10d.py", 1),), True),
-        ((Frame("f", "/venv/horovod/tensorflow/mpi_ops.py", 1),), True),
-        ((Frame("wait", "/usr/lib/python3.11/threading.py", 1),), True),
-        (SLEEPING, False),
-        ((Frame("wait_forever", "/t.py", 1, "event.wait()"),), False),
-        ((), False),
+        (IN_ALLREDUCE, StackKind.COLLECTIVE),
+        (HOROVOD_WAIT, StackKind.COLLECTIVE),
+        (
+            (Frame("barrier", "/x/site-packages/torch/distributed/distributed_c10d.py", 1),),
+            StackKind.COLLECTIVE,
+        ),
+        (
+            (
+                Frame("all_reduce", "/x/site-packages/torch/distributed/distributed_c10d.py", 2),
+                Frame("wrapper", "/x/site-packages/torch/distributed/c10d_logger.py", 3),
+                Frame("step", "/opt/ml/code/t.py", 4, "dist.all_reduce(t)"),
+            ),
+            StackKind.COLLECTIVE,
+        ),
+        (TF_FUNCTION, StackKind.FRAMEWORK),
+        # The thread-join, Popen.wait, queue.get and data loader waits are elsewhere.
+        (JOINING, StackKind.ELSEWHERE),
+        (
+            (
+                Frame("wait", "/usr/lib/python3.11/threading.py", 1),
+                Frame("get", "/usr/lib/python3.11/queue.py", 2),
+                Frame("_try_get_data", "/x/site-packages/torch/utils/data/dataloader.py", 3),
+                Frame("main", "/opt/ml/code/t.py", 9, "batch = next(it)"),
+            ),
+            StackKind.ELSEWHERE,
+        ),
+        (
+            (
+                Frame("_try_wait", "/usr/lib/python3.11/subprocess.py", 1),
+                Frame("wait", "/usr/lib/python3.11/subprocess.py", 2),
+                Frame("main", "/opt/ml/code/t.py", 9, "proc.wait()"),
+            ),
+            StackKind.ELSEWHERE,
+        ),
+        # torchrun's @record wrapper below main is no collective; nor are TF's eager frames
+        # further out than the user's innermost one.
+        (
+            (
+                Frame("wait_forever", "/opt/ml/code/t.py", 3, "time.sleep(1)"),
+                Frame("main", "/opt/ml/code/t.py", 9),
+                Frame(
+                    "wrapper",
+                    "/x/site-packages/torch/distributed/elastic/multiprocessing/errors/__init__.py",
+                    346,
+                ),
+            ),
+            StackKind.ELSEWHERE,
+        ),
+        (
+            (
+                Frame("step", "/opt/ml/code/t.py", 3, "lock.acquire()"),
+                Frame(
+                    "__call__",
+                    "/x/site-packages/tensorflow/python/eager/polymorphic_function/polymorphic_function.py",
+                    9,
+                ),
+            ),
+            StackKind.ELSEWHERE,
+        ),
+        (SLEEPING, StackKind.ELSEWHERE),
+        ((Frame("wait_forever", "/t.py", 1, "event.wait()"),), StackKind.ELSEWHERE),
+        ((), StackKind.ELSEWHERE),
     ],
 )
-def test_in_collective(frames, expected):
-    assert in_collective(frames) is expected
+def test_stack_kind(frames, expected):
+    assert stack_kind(frames) is expected
+    assert in_collective(frames) is (expected is StackKind.COLLECTIVE)
 
 
 def test_user_frame_without_frames():
@@ -226,8 +482,17 @@ def test_the_pump_writes_whole_tagged_lines_from_one_writer(tmp_path):
 
 
 def test_stat_fields_after_a_command_with_spaces_and_parentheses():
-    text = "42 (my (odd) name) S 1 42 42 0 -1 4194560 100 0 0 0 150 25 0 0 20 0 1 0"
-    assert parse_stat(text) == ThreadTimes(ticks=175, state="S")
+    text = "42 (my (odd) name) S 1 42 42 0 -1 4194560 100 0 0 0 150 25 0 0 20 0 1 0 777 9"
+    assert parse_stat(text) == ThreadTimes(ticks=175, state="S", ppid=1, start_ticks=777)
+
+
+def test_a_ranks_tree_is_its_children_and_theirs():
+    processes = {
+        pid: ThreadTimes(0, "S", ppid=ppid)
+        for pid, ppid in ((1, 0), (10, 1), (11, 10), (12, 11), (13, 10), (20, 1), (21, 20))
+    }
+    assert sorted(descendants(10, processes)) == [11, 12, 13]
+    assert descendants(12, processes) == []
 
 
 class FakeClock:
@@ -238,30 +503,72 @@ class FakeClock:
         return self.now
 
 
-def test_a_rank_is_idle_since_its_main_thread_last_gained_cpu(tmp_path):
+def reading(main_ns: int, state: str = "S", threads=None, io: int = 0) -> TreeReading:
+    return TreeReading(main_ns, threads or {}, io, state)
+
+
+def test_a_rank_is_idle_since_its_main_thread_last_ran_or_its_tree_did_io(tmp_path):
     clock = FakeClock()
-    readings = {4242: ThreadTimes(10, "S")}
+    readings = {4242: reading(10_000_000)}
     watch = HostWatch(
         "algo-2",
         OutputPump("algo-2", os.open(os.devnull, os.O_WRONLY), clock=clock),
         clock=clock,
         read=readings.get,
+        stacks_dir=str(tmp_path),
     )
     read_end, write_end = os.pipe()
     watch.pump.add(read_end, "rank 3", pid=4242)
     watch.sample()
+    # 30 s later its main thread ran 0.9 s: progress.
     clock.now = 130.0
-    readings[4242] = ThreadTimes(12, "S")
+    readings[4242] = reading(910_000_000)
+    watch.sample()
+    # A second later, 100 microseconds (a sleep loop's wake-up): no progress.
+    clock.now = 131.0
+    readings[4242] = reading(910_100_000)
+    watch.sample()
+    clock.now = 140.0
+    readings[4242] = reading(910_100_000, io=4096)
     watch.sample()
     clock.now = 200.0
     watch.sample()
-    readings[4242] = ThreadTimes(12, "T")
+    readings[4242] = reading(910_100_000, "T", io=4096)
     watch.sample()
-    assert watch.samples() == [RankSample("algo-2", "rank 3", 100.0, 70.0, stopped=True)]
+    assert watch.samples() == [
+        RankSample("algo-2", "rank 3", 100.0, 60.0, stopped=True, said=False)
+    ]
     # Gone: no sample.
     del readings[4242]
     watch.sample()
     assert watch.samples() == []
+    os.close(write_end)
+
+
+def test_the_other_threads_and_children_count_over_the_window(tmp_path):
+    clock = FakeClock()
+    readings = {7: reading(0, threads={8: 0})}
+    watch = HostWatch(
+        "algo-1",
+        OutputPump("algo-1", os.open(os.devnull, os.O_WRONLY), clock=clock),
+        clock=clock,
+        read=readings.get,
+        stacks_dir=str(tmp_path),
+    )
+    read_end, write_end = os.pipe()
+    watch.pump.add(read_end, "rank 0", pid=7)
+    watch.sample()
+    for second in range(1, 31):
+        clock.now = 100.0 + second
+        # Thread 8 runs half a core; a child's thread (9) starts at 10 s and runs a full one.
+        threads = {8: second * 500_000_000}
+        if second >= 10:
+            threads[9] = (second - 10) * 1_000_000_000
+        readings[7] = reading(0, threads=threads)
+        watch.sample()
+    (only,) = watch.samples()
+    assert only.helper_share == 1.5
+    assert only.idle_s == 30.0
     os.close(write_end)
 
 
@@ -278,7 +585,7 @@ def test_output_that_lands_after_the_clock_was_read_is_no_negative_age():
     read_end, write_end = os.pipe()
     watch.pump.add(read_end, "rank 5", pid=4242)  # started at clock.now
     clock.now -= 0.07  # samples() read its clock first; the line came after
-    assert watch.samples() == [RankSample("algo-6", "rank 5", 0.0, 0.0, stopped=False)]
+    assert watch.samples() == [RankSample("algo-6", "rank 5", 0.0, 0.0, stopped=False, said=False)]
     report = RankReport(tuple(watch.samples()))
     decoded = message_from_json(message_to_json(report))  # the master can read it
     assert isinstance(decoded, RankReport) and decoded.samples[0].idle_s == 0.0
@@ -326,7 +633,8 @@ def test_py_spy_dump_parsed_main_thread_first():
     "message",
     [
         RankReport(
-            (RankSample("", "rank 3", 1.5, 2.0, stopped=True),), (("rank 3", "ValueError: x"),)
+            (RankSample("", "rank 3", 1.5, 2.0, stopped=True, said=False, helper_share=0.25),),
+            (("rank 3", "ValueError: x"),),
         ),
         RankReport(),
         DumpStacks("the job stalled"),
@@ -392,3 +700,27 @@ def test_frames_read_their_source_line_relative_to_the_working_dir(tmp_path):
     (thread,) = stacks.parse_dump(dump, tmp_path)
     assert thread.frames == (Frame("step", "train.py", 3, "total = comm.allreduce(x)"),)
     assert in_collective(thread.frames)
+
+
+FAULTHANDLER_DUMP = """Thread 0x00007f209ecfc6c0 (most recent call first):
+  File "/usr/lib/python3.11/threading.py", line 320 in wait
+  File "/usr/lib/python3.11/threading.py", line 1002 in _bootstrap
+
+Current thread 0x00007f209f848b80 (most recent call first):
+  File "train.py", line 3 in step
+  File "train.py", line 7 in <module>
+"""
+
+
+def test_faulthandlers_dump_parsed_main_thread_last(tmp_path):
+    (tmp_path / "train.py").write_text("import time\n\ntotal = comm.allreduce(x)\n")
+    threads = stacks.parse_faulthandler(FAULTHANDLER_DUMP)
+    assert [thread.name for thread in threads] == ["0x00007f209ecfc6c0", "0x00007f209f848b80"]
+    main = stacks.with_sources(stacks.faulthandler_main_thread(threads), tmp_path)
+    assert main == (
+        Frame("step", "train.py", 3, "total = comm.allreduce(x)"),
+        Frame("<module>", "train.py", 7, ""),
+    )
+    assert in_collective(main)
+    assert stacks.parse_faulthandler("") == []
+    assert stacks.faulthandler_main_thread([]) == ()

@@ -391,7 +391,14 @@ class RankReport(Message):
     def to_json(self) -> Fields:
         return {
             "samples": [
-                [sample.label[:_LINE_CHARS], sample.quiet_s, sample.idle_s, sample.stopped]
+                [
+                    sample.label[:_LINE_CHARS],
+                    sample.quiet_s,
+                    sample.idle_s,
+                    sample.stopped,
+                    sample.said,
+                    sample.helper_share,
+                ]
                 for sample in self.samples[:_RANKS_PER_REPORT]
             ],
             "errors": [
@@ -404,8 +411,15 @@ class RankReport(Message):
     def from_json(cls, fields: Fields, catalog: Catalog) -> Self:
         samples = []
         for item in _list(fields.get("samples", []), "RankReport's samples"):
-            if not isinstance(item, list) or len(item) != 4 or not isinstance(item[3], bool):
-                raise ProtocolError("a sample is [label, quiet_s, idle_s, stopped]")
+            if (
+                not isinstance(item, list)
+                or len(item) != 6
+                or not isinstance(item[3], bool)
+                or not isinstance(item[4], bool)
+            ):
+                raise ProtocolError(
+                    "a sample is [label, quiet_s, idle_s, stopped, said, helper_share]"
+                )
             samples.append(
                 RankSample(
                     host="",
@@ -413,6 +427,8 @@ class RankReport(Message):
                     quiet_s=_number(item[1], "quiet_s"),
                     idle_s=_number(item[2], "idle_s"),
                     stopped=item[3],
+                    said=item[4],
+                    helper_share=_number(item[5], "helper_share"),
                 )
             )
         errors = []

@@ -115,6 +115,9 @@ DEFAULT_HOST_WAIT_TIMEOUT_S = 300.0
 DEFAULT_SIGTERM_GRACE_S = 90.0
 # docs/design.md "Stalls": torch's 10 min collective timeout, which its users already accept.
 DEFAULT_STALL_TIMEOUT_S = 600.0
+# Below this the rule would judge on too little: workers report every 5 s, a suspicion is
+# confirmed for 6 s, the threads' CPU is kept over 20 s (entrypoint/host/progress.py).
+MIN_STALL_TIMEOUT_S = 30.0
 
 _CHANNEL_NAME = re.compile(r"^[A-Za-z0-9.\-_]{1,64}$")
 _HYPERPARAMETER_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]*$")

@@ -16,6 +16,7 @@ from entrypoint.contract import (
     DEFAULT_STALL_TIMEOUT_S,
     HOST_WAIT_TIMEOUT,
     LOG_LEVEL_PARAM,
+    MIN_STALL_TIMEOUT_S,
     MPI_CUSTOM_OPTIONS_PARAM,
     MPI_PROCESSES_PER_HOST_PARAM,
     MPI_REMOTE_SHELL,
@@ -49,8 +50,8 @@ def _positive_number(name: str, raw: Any, *, integer: bool) -> float:
     return number
 
 
-def _seconds_or_off(name: str, raw: Any) -> float:
-    """A number of seconds, or 0 for off."""
+def _seconds_or_off(name: str, raw: Any, *, floor: float = 0.0) -> float:
+    """A number of seconds (at least `floor`), or 0 for off."""
     text = hyperparameter_text(raw)
     try:
         number = float(text)
@@ -59,6 +60,10 @@ def _seconds_or_off(name: str, raw: Any) -> float:
     if not math.isfinite(number) or number < 0:
         raise ContractError(
             f"hyperparameter {name}={text!r} is not a number of seconds (0 turns it off)"
+        )
+    if 0 < number < floor:
+        raise ContractError(
+            f"hyperparameter {name}={text!r} is below its floor of {floor:.0f} s (0 turns it off)"
         )
     return number
 
@@ -150,7 +155,11 @@ def parse_entrypoint_settings(hyperparameters: Mapping[str, Any]) -> EntrypointS
         host_wait_timeout_s=seconds(HOST_WAIT_TIMEOUT, DEFAULT_HOST_WAIT_TIMEOUT_S),
         sigterm_grace_s=seconds(SIGTERM_GRACE_SECONDS, DEFAULT_SIGTERM_GRACE_S),
         stall_timeout_s=(
-            _seconds_or_off(STALL_TIMEOUT_SECONDS, hyperparameters[STALL_TIMEOUT_SECONDS])
+            _seconds_or_off(
+                STALL_TIMEOUT_SECONDS,
+                hyperparameters[STALL_TIMEOUT_SECONDS],
+                floor=MIN_STALL_TIMEOUT_S,
+            )
             if STALL_TIMEOUT_SECONDS in hyperparameters
             else DEFAULT_STALL_TIMEOUT_S
         ),

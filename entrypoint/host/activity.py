@@ -1,27 +1,27 @@
 """This host's ranks as the stall rule sees them (stall.py): the log pump's streams (their last
-output and heartbeat) and each rank's CPU time and state, sampled from /proc every
-SAMPLE_INTERVAL_S; and their stacks, written into this host's log on demand.
+progress line and heartbeat) and each rank's process tree, read from /proc every
+SAMPLE_INTERVAL_S (entrypoint/host/progress.py turns the readings into progress); and their
+stacks, read on demand (py-spy, and each rank's own faulthandler file where py-spy cannot), all
+ranks at once, and written into this host's log.
 
 Every part holds one `HostWatch` (its pump starts the ranks' and children's output): the loops
 and the channel ask it for samples and stacks, never which launch runs.
-
-CPU time is the rank's main thread's (/proc/PID/task/PID/stat), not the process': Horovod's
-background thread polls on a rank stuck in user code (measured: 20% to 79% of a core, docs/
-design.md "Stalls"), while a main thread asleep or blocked gains no tick; a main thread that
-busy-polls in MPI's allreduce does.
 """
 
 from __future__ import annotations
 
 import collections
+import concurrent.futures
+import contextlib
 import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from entrypoint.host import stacks
+from entrypoint.host import rank_shim, stacks
+from entrypoint.host.progress import RankProgress, TreeReading, parse_io, parse_schedstat
 from entrypoint.host.rank_output import OutputPump, Stream
 from entrypoint.stall import Frame, RankSample
 
@@ -31,40 +31,108 @@ SAMPLE_INTERVAL_S = 1.0
 # A rank's errors sent to the master at most (the rest are older).
 _KEEP_ERRORS = 64
 PROC = Path("/proc")
+# How long a rank asked for its own stack (SIGUSR2) has to write it; a rank whose file stops
+# growing for FAULTHANDLER_SETTLE_S is done.
+FAULTHANDLER_WAIT_S = 3.0
+FAULTHANDLER_SETTLE_S = 0.3
+# py-spy runs per rank at once, at most this many at a time.
+_DUMP_THREADS = 16
 
 
 @dataclasses.dataclass(frozen=True)
 class ThreadTimes:
-    """One /proc/PID/task/TID/stat reading: CPU ticks (user + system) and the process state."""
+    """One /proc/PID/stat reading: CPU ticks (user + system), the state, the parent, the start."""
 
     ticks: int
     state: str
+    ppid: int = 0
+    start_ticks: int = 0
 
 
 def parse_stat(text: str) -> ThreadTimes:
-    """/proc/.../stat's state (field 3) and utime + stime (fields 14, 15); the command name
-    (field 2) may hold spaces and parentheses, so the fields are read after its last ')'."""
+    """/proc/.../stat's state (field 3), parent (4), utime + stime (14, 15) and start time (22);
+    the command name (field 2) may hold spaces and parentheses, so the fields are read after
+    its last ')'."""
     fields = text[text.rindex(")") + 2 :].split()
-    return ThreadTimes(ticks=int(fields[11]) + int(fields[12]), state=fields[0])
+    return ThreadTimes(
+        ticks=int(fields[11]) + int(fields[12]),
+        state=fields[0],
+        ppid=int(fields[1]),
+        start_ticks=int(fields[19]),
+    )
 
 
-def read_main_thread(pid: int, proc: Path = PROC) -> ThreadTimes | None:
-    """The main thread's CPU ticks and the process' state; None once it is gone or a zombie."""
+def _read(path: Path) -> str | None:
     try:
-        main = parse_stat((proc / str(pid) / "task" / str(pid) / "stat").read_text())
-        state = parse_stat((proc / str(pid) / "stat").read_text()).state
-    except (OSError, ValueError, IndexError):
+        return path.read_text()
+    except OSError:
         return None
-    if state in ("Z", "X", "x"):
-        return None
-    return ThreadTimes(main.ticks, state)
 
 
-@dataclasses.dataclass
-class _Progress:
-    ticks: int
-    advanced_at: float
-    state: str
+def read_processes(proc: Path = PROC) -> dict[int, ThreadTimes]:
+    """Every process of this host (its container): pid -> its stat."""
+    found: dict[int, ThreadTimes] = {}
+    try:
+        entries = list(proc.iterdir())
+    except OSError:
+        return found
+    for entry in entries:
+        if not entry.name.isdigit():
+            continue
+        text = _read(entry / "stat")
+        if text is None:
+            continue
+        with contextlib.suppress(ValueError, IndexError):
+            found[int(entry.name)] = parse_stat(text)
+    return found
+
+
+def descendants(pid: int, processes: Mapping[int, ThreadTimes]) -> list[int]:
+    """`pid`'s child processes, theirs, and so on (from one reading of every process)."""
+    children: dict[int, list[int]] = collections.defaultdict(list)
+    for child, stat in processes.items():
+        children[stat.ppid].append(child)
+    found: list[int] = []
+    pending = [pid]
+    while pending:
+        for child in children.get(pending.pop(), []):
+            if child not in found and child != pid:
+                found.append(child)
+                pending.append(child)
+    return found
+
+
+def read_tree(
+    pid: int, processes: Mapping[int, ThreadTimes], proc: Path = PROC
+) -> TreeReading | None:
+    """One reading of rank `pid`'s process tree; None once it is gone or a zombie."""
+    stat = processes.get(pid)
+    main = _read(proc / str(pid) / "task" / str(pid) / "schedstat")
+    if stat is None or main is None or stat.state in ("Z", "X", "x"):
+        return None
+    threads: dict[int, int] = {}
+    io_bytes = 0
+    for member in (pid, *descendants(pid, processes)):
+        try:
+            tids = [int(task.name) for task in (proc / str(member) / "task").iterdir()]
+        except (OSError, ValueError):
+            continue
+        for tid in tids:
+            if tid == pid:
+                continue
+            text = _read(proc / str(member) / "task" / str(tid) / "schedstat")
+            if text is not None:
+                with contextlib.suppress(ValueError, IndexError):
+                    threads[tid] = parse_schedstat(text)
+        io = _read(proc / str(member) / "io")
+        if io is not None:
+            with contextlib.suppress(ValueError):
+                io_bytes += parse_io(io)
+    try:
+        main_ns = parse_schedstat(main)
+    except (ValueError, IndexError):
+        return None
+    return TreeReading(main_ns, threads, io_bytes, stat.state)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,14 +153,21 @@ class HostWatch:
         host: str,
         pump: OutputPump | None = None,
         clock: Callable[[], float] = time.monotonic,
-        read: Callable[[int], ThreadTimes | None] = read_main_thread,
+        read: Callable[[int], TreeReading | None] | None = None,
+        stacks_dir: str | None = None,
     ) -> None:
         self.host = host
         self.pump = pump or OutputPump(host)
         self._clock = clock
+        # Reads one rank's tree (tests pass their own); None: from /proc, every process read
+        # once per sampling.
         self._read = read
+        # Where the ranks write their own stacks (rank_shim.STACKS_DIR_ENV).
+        self._stacks_dir = stacks_dir or rank_shim.STACKS_DIR
         self._lock = threading.Lock()
-        self._progress: dict[int, _Progress] = {}
+        self._progress: dict[int, RankProgress] = {}
+        # Each rank's start (/proc/PID/stat field 22): a signal reaches that process only.
+        self._start_ticks: dict[int, int] = {}
         # Ranks found ended (their output may outlive them, held by a child they left).
         self._gone: set[int] = set()
         self._errors: collections.deque[RankError] = collections.deque(maxlen=_KEEP_ERRORS)
@@ -107,7 +182,11 @@ class HostWatch:
     # ---- sampling
 
     def start(self) -> None:
-        """Sample CPU every SAMPLE_INTERVAL_S until `close`."""
+        """Sample every SAMPLE_INTERVAL_S until `close`; ready the ranks' stack files' folder."""
+        try:
+            Path(self._stacks_dir).mkdir(mode=0o700, parents=True, exist_ok=True)
+        except OSError as error:
+            log.warning("no folder for the ranks' own stacks (%s): py-spy only", error)
         if self._thread is None:
             self._thread = threading.Thread(target=self._sample_loop, name="activity", daemon=True)
             self._thread.start()
@@ -117,27 +196,41 @@ class HostWatch:
 
     def _sample_loop(self) -> None:
         while not self._stop.wait(SAMPLE_INTERVAL_S):
-            self.sample()
+            # A sampler that died would freeze every rank's progress (and end a healthy job):
+            # a reading that fails is logged and the next one tries again.
+            try:
+                self.sample()
+            except Exception:
+                log.exception("reading the ranks' activity failed; trying again")
 
     def sample(self) -> None:
-        """Read every live rank's main-thread CPU time and state once."""
+        """Read every live rank's process tree once."""
         now = self._clock()
-        for stream in self._ranks():
+        ranks = self._ranks()
+        read = self._read
+        if read is None:
+            processes = read_processes()
+
+            def read(pid: int) -> TreeReading | None:
+                return read_tree(pid, processes)
+
+            for stream in ranks:
+                stat = processes.get(stream.pid or -1)
+                if stat is not None:
+                    with self._lock:
+                        self._start_ticks.setdefault(stream.pid or -1, stat.start_ticks)
+        for stream in ranks:
             assert stream.pid is not None  # noqa: S101 - _ranks keeps only streams with a pid
-            times = self._read(stream.pid)
+            reading = read(stream.pid)
             with self._lock:
-                if times is None:
+                if reading is None:
                     self._progress.pop(stream.pid, None)
                     self._gone.add(stream.pid)
                     continue
-                known = self._progress.get(stream.pid)
-                if known is None:
-                    self._progress[stream.pid] = _Progress(times.ticks, stream.started, times.state)
-                    continue
-                if times.ticks > known.ticks:
-                    known.advanced_at = now
-                known.ticks = times.ticks
-                known.state = times.state
+                progress = self._progress.get(stream.pid)
+                if progress is None:
+                    progress = self._progress[stream.pid] = RankProgress(stream.started)
+                progress.update(reading, now)
 
     def _ranks(self) -> list[Stream]:
         """The streams of live ranks (and of the processes that count as ranks)."""
@@ -150,29 +243,35 @@ class HostWatch:
         ]
 
     def samples(self) -> list[RankSample]:
-        """Every live rank of this host, now. A line or a CPU reading that lands after `now` was
+        """Every live rank of this host, now. A line or a reading that lands after `now` was
         read (the pump and the sampler run in their own threads) is no progress in the future:
         the ages are clamped at zero, as the protocol requires (a negative one is an invalid
         frame, and the master then drops this host)."""
         now = self._clock()
         result = []
         with self._lock:
-            progress = dict(self._progress)
+            progress = {
+                pid: (known.advanced_at, known.state, known.helper_share())
+                for pid, known in self._progress.items()
+            }
         for stream in self._ranks():
             known = progress.get(stream.pid or -1)
             if known is None:
                 # Not read yet (just started), or gone.
                 if stream.ended:
                     continue
-                known = _Progress(0, stream.started, "R")
+                known = (stream.started, "R", 0.0)
+            advanced_at, state, helper_share = known
             said = stream.last_said
             result.append(
                 RankSample(
                     host=self.host,
                     label=stream.label,
                     quiet_s=max(0.0, now - said),
-                    idle_s=max(0.0, now - max(said, known.advanced_at)),
-                    stopped=known.state in ("T", "t"),
+                    idle_s=max(0.0, now - max(said, advanced_at)),
+                    stopped=state in ("T", "t"),
+                    said=stream.last_output is not None or stream.last_beat is not None,
+                    helper_share=round(helper_share, 3),
                 )
             )
         return result
@@ -249,17 +348,87 @@ class HostWatch:
 
     def dump_stacks(self, why: str) -> dict[str, tuple[Frame, ...]]:
         """Every live rank's stack (all threads) into this host's log, tagged with the rank;
-        returns each rank's main-thread frames (by 'host label') where py-spy could read them."""
+        returns each rank's main-thread frames (by 'host label') where they could be read.
+
+        Every rank is asked at once: those that registered a stack file get SIGUSR2 (through a
+        pidfd, to that very process) and write their own, while py-spy reads each rank in
+        parallel; a rank py-spy cannot read is read from its file. Bounded by py-spy's timeout
+        and FAULTHANDLER_WAIT_S; nothing is killed or torn down here."""
+        ranks = [stream for stream in self._ranks() if not stream.ended and stream.pid]
+        if not ranks:
+            return {}
+        asked: dict[int, tuple[Path, int]] = {}
+        for stream in ranks:
+            asked_pid = self._ask_for_own_stack(stream.pid or -1)
+            if asked_pid is not None:
+                asked[stream.pid or -1] = asked_pid
+        with concurrent.futures.ThreadPoolExecutor(min(len(ranks), _DUMP_THREADS)) as pool:
+            dumps = dict(
+                zip(
+                    [stream.pid for stream in ranks],
+                    pool.map(stacks.py_spy_dump, [stream.pid or -1 for stream in ranks]),
+                    strict=True,
+                )
+            )
         found: dict[str, tuple[Frame, ...]] = {}
-        for stream in self._ranks():
-            if stream.ended or stream.pid is None:
-                continue
-            text = stacks.py_spy_dump(stream.pid)
-            if text is None:
-                if stacks.faulthandler_dump(stream.pid):
-                    log.info("%s: asked %s for its own stack (SIGUSR2)", why, stream.label)
+        deadline = time.monotonic() + FAULTHANDLER_WAIT_S
+        for stream in ranks:
+            pid = stream.pid or -1
+            source_dir = stacks.working_dir(pid)
+            text = dumps.get(stream.pid)
+            if text is not None:
+                threads = stacks.parse_dump(text, source_dir)
+                frames = stacks.main_thread(threads)
+            elif pid in asked:
+                text = _wait_for_dump(*asked[pid], deadline)
+                if not text:
+                    log.warning("%s: %s wrote no stack", why, stream.label)
+                    continue
+                threads = stacks.parse_faulthandler(text)
+                frames = stacks.with_sources(stacks.faulthandler_main_thread(threads), source_dir)
+            else:
+                log.warning(
+                    "%s: no stack of %s (py-spy cannot read it, no stack file)", why, stream.label
+                )
                 continue
             self.pump.write(stream.label, f"stack ({why}):\n{text.rstrip()}")
-            threads = stacks.parse_dump(text, stacks.working_dir(stream.pid))
-            found[f"{self.host} {stream.label}"] = stacks.main_thread(threads)
+            found[f"{self.host} {stream.label}"] = frames
         return found
+
+    def _ask_for_own_stack(self, pid: int) -> tuple[Path, int] | None:
+        """SIGUSR2 to the rank, or to the first process of its tree with a stack file (a
+        `/bin/sh` wrapper's program): (its file, the file's size before)."""
+        with self._lock:
+            start = self._start_ticks.get(pid)
+        candidates = [pid]
+        if self._read is None:
+            processes = read_processes()
+            candidates += descendants(pid, processes)
+        for candidate in candidates:
+            path = stacks.stacks_file(candidate, self._stacks_dir)
+            size = stacks.file_size(path)
+            if size is None:
+                continue
+            # The rank itself is checked against its start; a descendant was just read.
+            if stacks.signal_once(candidate, start if candidate == pid else None):
+                return path, size
+            return None
+        return None
+
+
+def _wait_for_dump(path: Path, offset: int, deadline: float) -> str:
+    """What a rank wrote into its stack file after `offset`, once it stops growing (or at
+    `deadline`)."""
+    size = offset
+    settled_at = time.monotonic()
+    while True:
+        now = time.monotonic()
+        current = stacks.file_size(path) or offset
+        if current != size:
+            size, settled_at = current, now
+        elif size > offset and now - settled_at >= FAULTHANDLER_SETTLE_S:
+            break
+        if now >= deadline:
+            break
+        time.sleep(0.05)
+    return stacks.read_from(path, offset)

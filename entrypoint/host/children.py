@@ -12,8 +12,9 @@ import subprocess
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
+from entrypoint.host import rank_shim
 from entrypoint.host.rank_output import ERROR_MARKERS, OutputPump, Stream
-from entrypoint.host.rank_shim import HEARTBEAT_FD_ENV, STACKS_SIGNAL_ENV
+from entrypoint.host.rank_shim import HEARTBEAT_FD_ENV, STACKS_DIR_ENV
 
 # How long a child gets to exit after SIGTERM in a teardown before its group is killed.
 KILL_WAIT_S = 5.0
@@ -101,7 +102,7 @@ class ChildProcess:
         if self._rank:
             beats_read, beats_write = os.pipe()
             env[HEARTBEAT_FD_ENV] = str(beats_write)
-            env[STACKS_SIGNAL_ENV] = "1"
+            env[STACKS_DIR_ENV] = rank_shim.STACKS_DIR
         try:
             self._process = subprocess.Popen(
                 self._argv,

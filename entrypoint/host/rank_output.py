@@ -25,6 +25,8 @@ import threading
 import time
 from collections.abc import Callable
 
+from entrypoint.stall import is_progress_line
+
 log = logging.getLogger("entrypoint")
 
 # A partial line waits this long for its end before it is written as it is.
@@ -234,6 +236,8 @@ class OutputPump:
             return
         self._write(b"".join(prefix + line + b"\n" for line in lines))
         texts = [line.decode("utf-8", "replace") for line in lines]
+        if any(map(is_progress_line, texts)):
+            stream.last_output = self._clock()
         stream.lines.extend(texts)
         with self._lock:
             self._recent.extend(texts)
@@ -264,7 +268,6 @@ class OutputPump:
                     if not data:
                         ended = True
                         continue
-                    stream.last_output = now
                     self._emit(stream, prefix, assembler.feed(data, now))
                 partial = assembler.flush(now, force=ended)
                 if partial is not None:

@@ -39,9 +39,10 @@ OUTPUT_LABEL_ENV = "SM_HVD_OUTPUT_LABEL"
 RANK_VARIABLES = ("OMPI_COMM_WORLD_RANK", "RANK")
 # smcommon.heartbeat.HEARTBEAT_FD_ENV (the shim imports nothing of ours).
 HEARTBEAT_FD_ENV = "SM_HVD_HEARTBEAT_FD"
-# host/stacks.STACKS_SIGNAL_ENV: docker/sm_horovod_stacks.pth then has the rank write its
-# stack on SIGUSR2.
-STACKS_SIGNAL_ENV = "SM_HVD_STACKS_ON_SIGUSR2"
+# host/stacks.STACKS_DIR_ENV and STACKS_DIR: docker/sm_horovod_stacks.pth then has the rank
+# write its stacks into <STACKS_DIR>/<pid> on SIGUSR2.
+STACKS_DIR_ENV = "SM_HVD_STACKS_DIR"
+STACKS_DIR = "/run/sm-horovod/stacks"
 # Exit code when the rank cannot register or its program cannot start (a shell's "not run").
 NOT_RUN_EXIT_CODE = 127
 _REGISTER_TIMEOUT_S = 30.0
@@ -85,7 +86,7 @@ def _register_with_output(path: str) -> None:
     os.close(output_write)
     os.set_inheritable(beats_write, True)
     os.environ[HEARTBEAT_FD_ENV] = str(beats_write)
-    os.environ[STACKS_SIGNAL_ENV] = "1"
+    os.environ[STACKS_DIR_ENV] = os.environ.get(STACKS_DIR_ENV) or STACKS_DIR
 
 
 def main(argv: Sequence[str]) -> int:

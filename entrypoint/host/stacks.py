@@ -1,8 +1,10 @@
 """Every rank's Python stack, from outside the rank: py-spy (it reads a stopped process too),
-else the rank's own faulthandler (docker/sm_horovod_stacks.pth registers it on SIGUSR2 where
-STACKS_SIGNAL_ENV is set; it writes to the rank's stderr, which is this host's log pump).
+and the rank's own faulthandler where py-spy cannot (no ptrace permission, as in SageMaker's
+containers): docker/sm_horovod_stacks.pth has every Python process started with STACKS_DIR_ENV
+register faulthandler on SIGUSR2, writing every thread's stack into its own file
+`<STACKS_DIR>/<pid>` (never chained to SIGUSR2's default action, which would end the rank).
 
-`parse_dump` is pure: py-spy's `dump` text in, each thread's frames out.
+`parse_dump` and `parse_faulthandler` are pure: a dump's text in, each thread's frames out.
 """
 
 from __future__ import annotations
@@ -24,8 +26,6 @@ log = logging.getLogger("entrypoint")
 PY_SPY = "py-spy"
 # One py-spy call; a rank it cannot read in this time is reported as such.
 DUMP_TIMEOUT_S = 10.0
-# Set in every rank's environment: docker/sm_horovod_stacks.pth registers faulthandler on SIGUSR2.
-STACKS_SIGNAL_ENV = "SM_HVD_STACKS_ON_SIGUSR2"
 _SOURCE_CHARS = 120
 
 # py-spy 0.4: 'Thread 0x7F.. (idle): "MainThread"' or 'Thread 1234 (active+gil): "MainThread"',
@@ -108,11 +108,99 @@ def working_dir(pid: int) -> Path | None:
         return None
 
 
-def faulthandler_dump(pid: int) -> bool:
-    """Ask the rank to write its own stacks (SIGUSR2; docker/sm_horovod_stacks.pth): they reach the
-    log through its output, tagged; the rank must be running (not stopped) to answer."""
+# faulthandler's dump: 'Thread 0x00007f... (most recent call first):' (or 'Current thread ...'),
+# then '  File "x.py", line 12 in f' per frame, innermost first, a blank line between threads.
+_FH_THREAD = re.compile(r"^(?:Current thread|Thread) (0x[0-9a-fA-F]+) \(most recent call first\):")
+_FH_FRAME = re.compile(r'^  File "(.*)", line (\d+) in (.+)$')
+
+
+def parse_faulthandler(text: str) -> list[ThreadStack]:
+    """faulthandler's dump (all threads), in its order: the newest thread first, the main thread
+    (the oldest) last."""
+    threads: list[ThreadStack] = []
+    name = ""
+    frames: list[Frame] = []
+    started = False
+    for line in text.splitlines():
+        thread = _FH_THREAD.match(line)
+        if thread is not None:
+            if started:
+                threads.append(ThreadStack(name, "", tuple(frames)))
+            name, frames, started = thread.group(1), [], True
+            continue
+        frame = _FH_FRAME.match(line)
+        if frame is not None and started:
+            frames.append(Frame(frame.group(3), frame.group(1), int(frame.group(2))))
+    if started:
+        threads.append(ThreadStack(name, "", tuple(frames)))
+    return threads
+
+
+def faulthandler_main_thread(threads: list[ThreadStack]) -> tuple[Frame, ...]:
+    """The main thread's frames in faulthandler's dump: its last thread (CPython lists thread
+    states newest first; the main thread's is the first one made)."""
+    return threads[-1].frames if threads else ()
+
+
+def with_sources(frames: tuple[Frame, ...], source_dir: Path | None) -> tuple[Frame, ...]:
+    """The frames with their source lines, read relative to `source_dir` (the rank's working
+    directory, where relative file names start)."""
+    if source_dir is None:
+        return frames
+    return tuple(
+        dataclasses.replace(
+            frame,
+            source=linecache.getline(str(source_dir / frame.file), frame.line).strip()[
+                :_SOURCE_CHARS
+            ],
+        )
+        for frame in frames
+    )
+
+
+def stacks_file(pid: int, directory: str) -> Path:
+    """Where process `pid` writes its stacks on SIGUSR2 (if it registered: the file exists)."""
+    return Path(directory) / str(pid)
+
+
+def file_size(path: Path) -> int | None:
     try:
-        os.kill(pid, signal.SIGUSR2)
+        return path.stat().st_size
+    except OSError:
+        return None
+
+
+def read_from(path: Path, offset: int) -> str:
+    """What was written to `path` after `offset`."""
+    try:
+        with path.open("rb") as file:
+            file.seek(offset)
+            return file.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+def signal_once(pid: int, start_ticks: int | None, signum: int = signal.SIGUSR2) -> bool:
+    """Send `signum` to `pid` through a pidfd, only if it is still the process that started at
+    `start_ticks` (/proc/PID/stat field 22): a pid reused since is never signalled."""
+    try:
+        pidfd = os.pidfd_open(pid)
     except OSError:
         return False
+    try:
+        if start_ticks is not None and _start_ticks(pid) != start_ticks:
+            return False
+        signal.pidfd_send_signal(pidfd, signum)
+    except OSError:
+        return False
+    finally:
+        os.close(pidfd)
     return True
+
+
+def _start_ticks(pid: int) -> int | None:
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+        return int(text[text.rindex(")") + 2 :].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None

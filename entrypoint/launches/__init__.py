@@ -16,6 +16,7 @@ else reads the backend, except the built-in model through SM_HVD_BACKEND (docs/b
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
 
@@ -92,6 +93,21 @@ def _program_part(launch: Launch, _is_master: bool, host: str, watch: HostWatch)
     return ProgramPart(program, host, processes.verdict, watch)
 
 
+def waits_by_design(task: str, env: Mapping[str, str]) -> bool:
+    """Whether a tf.distribute task only serves (its main thread waits in server.join()): a ps
+    task, and a worker task of TF2's ParameterServerStrategy (a cluster with a chief and ps
+    tasks; the chief drives it). Its lines are pumped; its idleness is no stall."""
+    if task.startswith("ps:"):
+        return True
+    if not task.startswith("worker:"):
+        return False
+    try:
+        cluster = json.loads(env.get("TF_CONFIG", "{}")).get("cluster", {})
+    except (ValueError, AttributeError):
+        return False
+    return isinstance(cluster, dict) and "chief" in cluster and "ps" in cluster
+
+
 def _task_group_part(launch: Launch, _is_master: bool, host: str, watch: HostWatch) -> LocalPart:
     """tf.distribute's tasks on this host, one process each."""
     processes = _processes(launch)
@@ -104,9 +120,7 @@ def _task_group_part(launch: Launch, _is_master: bool, host: str, watch: HostWat
                 process.working_dir,
                 label=str(process.task),
                 pump=watch.pump,
-                # A ps server's main thread waits in server.join() by design: its lines are
-                # pumped, its idleness is no stall.
-                rank=not str(process.task).startswith("ps:"),
+                rank=not waits_by_design(str(process.task), process.env),
             ),
         )
         for process in processes.processes

@@ -1,0 +1,97 @@
+"""A rank's progress from /proc readings of its process tree: pure (readings and times in,
+progress out); entrypoint/host/activity.py reads /proc and feeds it.
+
+A reading holds the rank's main thread's run time, every other thread's run time (the rank's
+and its child processes': TensorFlow's and torch's pools, a worker thread, `tar` started by the
+rank, a `/bin/sh` wrapper's program), from /proc/PID/task/TID/schedstat (nanoseconds: a thread
+that wakes for a few microseconds a second, as a `time.sleep(1)` loop, shows as the few
+microseconds it ran, not as a 10 ms tick at random), and the tree's storage I/O
+(/proc/PID/io read_bytes + write_bytes).
+
+- The main thread progresses when it ran MAIN_BUSY_SHARE of a core over a sampling interval;
+  the tree's storage I/O, when it grew. Either resets the rank's idle clock.
+- The other threads' and children's CPU is kept as a share of a core over ACTIVITY_WINDOW_S:
+  the rule (stall.py `judge`) compares it with what the waiting ranks' threads burn, since
+  Horovod's background loop spins while its rank waits.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from collections.abc import Mapping
+
+# A main thread that ran less than this share of a core over an interval made no progress.
+# Measured (tests/programs/stall/wait_cost.py): a main thread in a `time.sleep(1)` loop runs
+# ~0.0001 of a core, one blocked on a lock or in a collective's blocking wait 0; a main thread
+# that computes runs most of a core even on a loaded host.
+MAIN_BUSY_SHARE = 0.02
+# The window over which the helpers' CPU share is kept.
+ACTIVITY_WINDOW_S = 20.0
+_NS = 1e9
+
+
+@dataclasses.dataclass(frozen=True)
+class TreeReading:
+    """One reading of a rank's process tree."""
+
+    # The rank's main thread's run time (ns).
+    main_ns: int
+    # Every other thread of the tree: thread id -> run time (ns).
+    threads: Mapping[int, int]
+    # Storage bytes read and written by the tree's live processes.
+    io_bytes: int
+    # The rank process' state (R, S, D, T, t, Z...).
+    state: str
+
+
+def parse_schedstat(text: str) -> int:
+    """/proc/.../schedstat's first field: the time the thread ran on a CPU (ns)."""
+    return int(text.split(maxsplit=1)[0])
+
+
+def parse_io(text: str) -> int:
+    """/proc/PID/io's read_bytes + write_bytes (storage I/O, not pipes or sockets)."""
+    fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+    return int(fields.get("read_bytes", "0")) + int(fields.get("write_bytes", "0"))
+
+
+def helper_ns(before: TreeReading, after: TreeReading) -> int:
+    """The run time the other threads gained between two readings: a thread new since
+    `before` counts from zero (a child started in between), one gone counts no more."""
+    return sum(max(0, run_ns - before.threads.get(tid, 0)) for tid, run_ns in after.threads.items())
+
+
+class RankProgress:
+    """One rank's progress over its readings (the caller passes the time)."""
+
+    def __init__(self, started: float, window_s: float = ACTIVITY_WINDOW_S) -> None:
+        # When it last progressed (its start until a reading says otherwise).
+        self.advanced_at = started
+        self.state = "R"
+        self._window_s = window_s
+        self._last: tuple[float, TreeReading] | None = None
+        # (previous reading's time, this reading's time, helper ns gained in between), over
+        # the window.
+        self._helpers: collections.deque[tuple[float, float, int]] = collections.deque()
+
+    def update(self, reading: TreeReading, now: float) -> None:
+        self.state = reading.state
+        if self._last is not None:
+            then, before = self._last
+            interval = max(now - then, 1e-9)
+            main_share = (reading.main_ns - before.main_ns) / _NS / interval
+            if main_share >= MAIN_BUSY_SHARE or reading.io_bytes > before.io_bytes:
+                self.advanced_at = now
+            self._helpers.append((then, now, helper_ns(before, reading)))
+        self._last = (now, reading)
+        while self._helpers and self._helpers[0][0] < now - self._window_s:
+            self._helpers.popleft()
+
+    def helper_share(self) -> float:
+        """The other threads' and children's CPU, in cores, over the window (or over what of it
+        has been read)."""
+        if not self._helpers:
+            return 0.0
+        span = self._helpers[-1][1] - self._helpers[0][0]
+        return sum(ns for _start, _end, ns in self._helpers) / _NS / max(span, 1e-9)
