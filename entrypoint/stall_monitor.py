@@ -37,6 +37,7 @@ from entrypoint.stall import (
     find_stall,
     healthy_message,
     judge,
+    roles_line,
     stall_message,
 )
 from smcommon.failure import Failure, Reason
@@ -48,7 +49,8 @@ CONFIRM_S = REPORT_INTERVAL_S + 1.0
 # How long the master waits for the workers' stacks (py-spy on every rank in parallel, bounded
 # by its 10 s; the ranks' own dumps by 3 s).
 STACKS_TIMEOUT_S = 20.0
-STALLED_WHY = "the job stalled"
+# The stacks are read on a suspicion, before the verdict (a healthy job has them in its log too).
+SUSPECTED_WHY = "a suspected stall"
 GRACE_WHY = "still running when the stop's grace ran out"
 
 # The master's channel: ask a worker (MasterChannel.request).
@@ -109,6 +111,7 @@ class MasterStalls:
             return None
         self._since = None
         verdict = self._judge(stall)
+        log.info("every rank: %s", roles_line(verdict))
         if not verdict.stalled:
             log.warning("%s", healthy_message(verdict))
             self._quiet_until = now + self._timeout_s
@@ -120,7 +123,7 @@ class MasterStalls:
 
     def _judge(self, stall: Stall) -> Verdict:
         log.warning("reading every rank's stack on every host")
-        stacks = self._every_stack(STALLED_WHY)
+        stacks = self._every_stack(SUSPECTED_WHY)
         return judge(self.watch.job_samples(), stacks, self._timeout_s, stall.quiet_s)
 
     def _every_stack(self, why: str) -> dict[str, tuple[Frame, ...]]:

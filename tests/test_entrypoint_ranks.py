@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from entrypoint.host import rank_shim
-from entrypoint.host.ranks import RANK_SOCKET_ENV, RankRegistry
+from entrypoint.host.ranks import RANK_SOCKET_ENV, REFUSED, RankRegistry
 from entrypoint.job import HostProcess
 from entrypoint.launches.program import ProgramPart
 
@@ -166,3 +167,21 @@ def test_not_run_is_one_exit_code():
     from entrypoint.launches.mpi import rsh_agent  # noqa: PLC0415
 
     assert rank_shim.NOT_RUN_EXIT_CODE == rsh_agent.NOT_RUN_EXIT_CODE == 127
+
+
+def test_a_registration_without_its_pipes_is_refused_not_recorded(tmp_path):
+    """An "ok" would let that process write into a pipe nobody reads; refused, the shim fails in
+    its one line (127)."""
+    registry = RankRegistry(tmp_path / "ranks.sock")
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
+            connection.settimeout(10)
+            connection.connect(str(registry.path))
+            connection.sendall(b"rank 9\n")
+            answer = connection.makefile("rb").readline()
+        assert answer == REFUSED
+        with pytest.raises(ConnectionError, match=r"unexpected answer b.refused: "):
+            rank_shim.register(str(registry.path), "rank 9", [])
+        assert registry.pids == []
+    finally:
+        registry.close()

@@ -350,18 +350,13 @@ class HostWatch:
         """Every live rank's stack (all threads) into this host's log, tagged with the rank;
         returns each rank's main-thread frames (by 'host label') where they could be read.
 
-        Every rank is asked at once: those that registered a stack file get SIGUSR2 (through a
-        pidfd, to that very process) and write their own, while py-spy reads each rank in
-        parallel; a rank py-spy cannot read is read from its file. Bounded by py-spy's timeout
-        and FAULTHANDLER_WAIT_S; nothing is killed or torn down here."""
+        py-spy reads every rank at once; those it cannot read (no ptrace permission) and that
+        registered a stack file get SIGUSR2 at once (through a pidfd, to that very process) and
+        write their own, read from their files. Bounded by py-spy's timeout and
+        FAULTHANDLER_WAIT_S; nothing is killed or torn down here."""
         ranks = [stream for stream in self._ranks() if not stream.ended and stream.pid]
         if not ranks:
             return {}
-        asked: dict[int, tuple[Path, int]] = {}
-        for stream in ranks:
-            asked_pid = self._ask_for_own_stack(stream.pid or -1)
-            if asked_pid is not None:
-                asked[stream.pid or -1] = asked_pid
         with concurrent.futures.ThreadPoolExecutor(min(len(ranks), _DUMP_THREADS)) as pool:
             dumps = dict(
                 zip(
@@ -370,6 +365,15 @@ class HostWatch:
                     strict=True,
                 )
             )
+        # Only the ranks py-spy could not read are signalled (a signal can cut a library's
+        # system call short with EINTR; a healthy job is read again each timeout): every one of
+        # them at once, then each one's answer collected.
+        asked: dict[int, tuple[Path, int]] = {}
+        for stream in ranks:
+            if dumps.get(stream.pid) is None:
+                answer = self._ask_for_own_stack(stream.pid or -1)
+                if answer is not None:
+                    asked[stream.pid or -1] = answer
         found: dict[str, tuple[Frame, ...]] = {}
         deadline = time.monotonic() + FAULTHANDLER_WAIT_S
         for stream in ranks:

@@ -101,7 +101,7 @@ class ChildProcess:
         beats_read = beats_write = None
         if self._rank:
             beats_read, beats_write = os.pipe()
-            env[HEARTBEAT_FD_ENV] = str(beats_write)
+            env[HEARTBEAT_FD_ENV] = f"{beats_write}:{os.fstat(beats_write).st_ino}"
             env[STACKS_DIR_ENV] = rank_shim.STACKS_DIR
         try:
             self._process = subprocess.Popen(

@@ -85,7 +85,9 @@ def _register_with_output(path: str) -> None:
     os.dup2(output_write, 2)
     os.close(output_write)
     os.set_inheritable(beats_write, True)
-    os.environ[HEARTBEAT_FD_ENV] = str(beats_write)
+    # '<fd>:<inode>' (smcommon.heartbeat.heartbeat_value): a child that inherits only the
+    # variable never writes into a pipe of its own that took the number.
+    os.environ[HEARTBEAT_FD_ENV] = f"{beats_write}:{os.fstat(beats_write).st_ino}"
     os.environ[STACKS_DIR_ENV] = os.environ.get(STACKS_DIR_ENV) or STACKS_DIR
 
 

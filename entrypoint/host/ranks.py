@@ -44,6 +44,11 @@ _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 # A registration's label line, and the file descriptors that come with it (output, heartbeats).
 _LABEL_BYTES = 256
 _REGISTRATION_FDS = 2
+# A client that connects and sends nothing does not hold a registry thread for longer.
+_REGISTRATION_TIMEOUT_S = 30.0
+# The answer to a registration without its two pipes: the shim then fails (its 127), where
+# "ok" would let the rank write into a pipe nobody reads.
+REFUSED = b"refused: a rank registers with the pipes of its output and its heartbeats\n"
 
 
 @dataclasses.dataclass
@@ -116,17 +121,19 @@ class RankRegistry:
         pid, _uid, _gid = _PEERCRED.unpack(
             connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
         )
+        connection.settimeout(_REGISTRATION_TIMEOUT_S)
         message, fds, _flags, _address = socket.recv_fds(
             connection, _LABEL_BYTES, _REGISTRATION_FDS
         )
         label = message.decode("utf-8", "replace").strip() or f"pid {pid}"
-        process = OwnedProcess.of(pid)
-        output = None
-        if len(fds) == _REGISTRATION_FDS:
-            output = self.pump.add(fds[0], label, pid=pid, beats_fd=fds[1])
-        else:
+        if len(fds) != _REGISTRATION_FDS:
             for fd in fds:
                 os.close(fd)
+            log.warning("%s (process %d) registered without its pipes: refused", label, pid)
+            connection.sendall(REFUSED)
+            return
+        process = OwnedProcess.of(pid)
+        output = self.pump.add(fds[0], label, pid=pid, beats_fd=fds[1])
         with self._lock:
             self._ranks.append(Rank(process, output))
             sent = self._sent
