@@ -12,11 +12,11 @@ The rule has two steps:
    rank made no progress for T (or is stopped, state T).
 2. `judge`, the verdict, with every rank's stack in hand: a rank whose main thread waits in a
    collective (`stack_kind`) is waiting; a rank whose main thread is elsewhere works when it
-   made progress, or when its other threads and child processes use clearly more CPU than a
-   waiting rank's on its host do (HELPER_WORK_SHARE, HELPER_WORK_RATIO: Horovod's background
-   loop spins while its rank waits); else it is stuck. The job has stalled when no rank works
-   and some rank is stuck (or every rank waits in a collective: a collective deadlock). A job
-   where one rank works silently while the others wait is healthy.
+   made progress (its child processes' CPU counts as its own), or when its other threads use
+   clearly more CPU than a waiting rank's on its host do (HELPER_WORK_SHARE, HELPER_WORK_RATIO:
+   Horovod's background loop spins while its rank waits); else it is stuck. The job has
+   stalled when no rank works and some rank is stuck (or every rank waits in a collective: a
+   collective deadlock). A job where one rank works silently while the others wait is healthy.
 docs/design.md "Stalls" has the reasons, the measurements, and what this cannot see.
 """
 
@@ -31,8 +31,8 @@ from collections.abc import Mapping, Sequence
 # Until a rank's first line or heartbeat, its timeout is this many times stall_timeout_seconds
 # (as NVIDIA's resiliency extension has an initial timeout apart from the later ones).
 FIRST_TIMEOUT_FACTOR = 3.0
-# A rank whose main thread is elsewhere than in a collective works when its other threads and
-# child processes use at least HELPER_WORK_SHARE + (1 + HELPER_WORK_RATIO) x w cores, w being
+# A rank whose main thread is elsewhere than in a collective works when its other threads use
+# at least HELPER_WORK_SHARE + (1 + HELPER_WORK_RATIO) x w cores, w being
 # the busiest waiting rank's on its host (or in the job, if its host has none). Measured with
 # tests/programs/stall/wait_cost.py (tests/test_stall.py; 4 Horovod ranks, 10 s, four runs on
 # a 2-core host loaded to 9-38): a waiting rank's threads 0.031-0.061 of a core (Horovod's
@@ -52,11 +52,11 @@ class RankSample:
 
     `quiet_s`: since its last progress line or heartbeat (or its start, if none yet);
     `idle_s`: since its last progress of any kind (progress line, heartbeat, its main thread's
-    CPU time, its tree's storage I/O);
+    or its child processes' CPU time, its tree's storage I/O);
     `stopped`: frozen (SIGSTOP, state T);
     `said`: it wrote a line or sent a heartbeat at least once;
-    `helper_share`: the CPU of its other threads and of its child processes (their threads
-    too), in cores, over the last ACTIVITY_WINDOW_S (entrypoint/host/progress.py)."""
+    `helper_share`: the CPU of its other threads, in cores, over the last ACTIVITY_WINDOW_S
+    (entrypoint/host/progress.py)."""
 
     host: str
     label: str
@@ -182,8 +182,8 @@ _LIBRARY_COLLECTIVES = (
     ("/tensorflow/python/ops/collective_ops", re.compile(_COLLECTIVE_CALLS, re.IGNORECASE)),
 )
 # A user frame's own call into a C extension's collective shows no frame of its own (mpi4py's
-# comm.allreduce): its source line names it.
-_USER_COLLECTIVE = re.compile(rf"\.(?:{_COLLECTIVE_CALLS})\s*\(|\bAllreduce\b", re.IGNORECASE)
+# comm.allreduce): its source line calls it.
+_USER_COLLECTIVE = re.compile(rf"\b(?:{_COLLECTIVE_CALLS})\s*\(", re.IGNORECASE)
 _FRAMEWORK_EXECUTE = (
     "/tensorflow/python/eager/execute.py",
     "/tensorflow/python/client/session.py",

@@ -9,14 +9,16 @@ from entrypoint.host.progress import (
     MAIN_BUSY_SHARE,
     RankProgress,
     TreeReading,
-    helper_ns,
+    gained_ns,
     parse_io,
     parse_schedstat,
 )
 
 
-def reading(main_ns: int = 0, threads=None, io: int = 0, state: str = "S") -> TreeReading:
-    return TreeReading(main_ns, threads or {}, io, state)
+def reading(
+    main_ns: int = 0, threads=None, io: int = 0, state: str = "S", children=None
+) -> TreeReading:
+    return TreeReading(main_ns, threads or {}, children or {}, io, state)
 
 
 def test_schedstat_and_io_fields():
@@ -30,27 +32,33 @@ def test_schedstat_and_io_fields():
 
 
 def test_threads_new_since_the_last_reading_count_from_zero_and_gone_ones_not_at_all():
-    before = reading(threads={1: 100, 2: 500})
-    after = reading(threads={1: 160, 3: 40})
-    assert helper_ns(before, after) == 100
+    assert gained_ns({1: 100, 2: 500}, {1: 160, 3: 40}) == 100
     # A reused thread id whose count went back counts nothing, never negative.
-    assert helper_ns(reading(threads={1: 500}), reading(threads={1: 10})) == 0
+    assert gained_ns({1: 500}, {1: 10}) == 0
+
+
+BUSY_NS = int(MAIN_BUSY_SHARE * 2e9)
 
 
 @pytest.mark.parametrize(
-    ("main_ns", "io", "progressed"),
+    ("later", "progressed"),
     [
         # A time.sleep(1) loop's wake-up: microseconds, no progress.
-        (100_000, 0, False),
-        (int(MAIN_BUSY_SHARE * 2e9) - 1, 0, False),
-        (int(MAIN_BUSY_SHARE * 2e9), 0, True),
-        (0, 1, True),
+        (reading(main_ns=100_000), False),
+        (reading(main_ns=BUSY_NS - 1), False),
+        (reading(main_ns=BUSY_NS), True),
+        (reading(io=1), True),
+        # A child process (its threads together), as tar or `aws s3 cp` started by the rank.
+        (reading(children={50: BUSY_NS // 2, 51: BUSY_NS // 2}), True),
+        (reading(children={50: BUSY_NS - 1}), False),
+        # The rank's own other threads: only their share over the window (Horovod's loop).
+        (reading(threads={9: 2_000_000_000}), False),
     ],
 )
-def test_the_main_thread_or_storage_io_progress(main_ns, io, progressed):
+def test_the_main_thread_children_or_storage_io_progress(later, progressed):
     progress = RankProgress(started=10.0)
     progress.update(reading(), 10.0)
-    progress.update(reading(main_ns=main_ns, io=io), 12.0)
+    progress.update(later, 12.0)
     assert progress.advanced_at == (12.0 if progressed else 10.0)
 
 

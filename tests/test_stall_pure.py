@@ -4,6 +4,7 @@ the channel's stall messages: pure functions, exact values (no processes, no soc
 from __future__ import annotations
 
 import calendar
+import json
 import os
 import re
 import time
@@ -21,6 +22,7 @@ from entrypoint.host import stacks
 from entrypoint.host.activity import HostWatch, RankError, ThreadTimes, descendants, parse_stat
 from entrypoint.host.progress import TreeReading
 from entrypoint.host.rank_output import LineAssembler, OutputPump, last_error, tag
+from entrypoint.launches import waits_by_design
 from entrypoint.stall import (
     Frame,
     RankSample,
@@ -394,6 +396,12 @@ def test_without_any_stack_the_idle_ranks_are_named_from_their_activity():
         ),
         (SLEEPING, StackKind.ELSEWHERE),
         ((Frame("wait_forever", "/t.py", 1, "event.wait()"),), StackKind.ELSEWHERE),
+        # A user's line calling the collective (mpi4py's methods are C: no frame of their own).
+        ((Frame("main", "/opt/ml/code/t.py", 9, "total = allreduce(rank)"),), StackKind.COLLECTIVE),
+        ((Frame("main", "/opt/ml/code/t.py", 9, "comm.Barrier()"),), StackKind.COLLECTIVE),
+        # A name that only starts like one is no call of it.
+        ((Frame("main", "/t.py", 9, "reduce_scatter_stats(x)"),), StackKind.ELSEWHERE),
+        ((Frame("main", "/t.py", 9, "log('allreduce done')"),), StackKind.ELSEWHERE),
         ((), StackKind.ELSEWHERE),
     ],
 )
@@ -507,7 +515,7 @@ class FakeClock:
 
 
 def reading(main_ns: int, state: str = "S", threads=None, io: int = 0) -> TreeReading:
-    return TreeReading(main_ns, threads or {}, io, state)
+    return TreeReading(main_ns, threads or {}, {}, io, state)
 
 
 def test_a_rank_is_idle_since_its_main_thread_last_ran_or_its_tree_did_io(tmp_path):
@@ -563,7 +571,7 @@ def test_the_other_threads_and_children_count_over_the_window(tmp_path):
     watch.sample()
     for second in range(1, 31):
         clock.now = 100.0 + second
-        # Thread 8 runs half a core; a child's thread (9) starts at 10 s and runs a full one.
+        # Thread 8 runs half a core; thread 9 starts at 10 s and runs a full one.
         threads = {8: second * 500_000_000}
         if second >= 10:
             threads[9] = (second - 10) * 1_000_000_000
@@ -740,3 +748,24 @@ def test_faulthandlers_dump_parsed_main_thread_last(tmp_path):
     assert in_collective(main)
     assert stacks.parse_faulthandler("") == []
     assert stacks.faulthandler_main_thread([]) == ()
+
+
+PSS_CLUSTER = {"chief": ["algo-1:2222"], "worker": ["algo-1:2223"], "ps": ["algo-1:2224"]}
+
+
+@pytest.mark.parametrize(
+    ("task", "cluster", "waits"),
+    [
+        ("ps:0", {}, True),
+        # TF2 ParameterServerStrategy: the chief drives, a worker task waits in server.join().
+        ("worker:0", PSS_CLUSTER, True),
+        ("chief:0", PSS_CLUSTER, False),
+        # AWS's toolkit layout (a `master`, no chief) and MultiWorkerMirrored: workers train.
+        ("worker:0", {"master": ["algo-1:2222"], "worker": ["algo-2:2222"], "ps": ["a:1"]}, False),
+        ("worker:1", {"worker": ["algo-1:2222", "algo-2:2222"]}, False),
+    ],
+)
+def test_which_tf_distribute_tasks_wait_by_design(task, cluster, waits):
+    env = {"TF_CONFIG": json.dumps({"cluster": cluster, "task": {}})} if cluster else {}
+    assert waits_by_design(task, env) is waits
+    assert waits_by_design("worker:0", {"TF_CONFIG": "not json"}) is False

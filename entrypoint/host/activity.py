@@ -111,6 +111,7 @@ def read_tree(
     if stat is None or main is None or stat.state in ("Z", "X", "x"):
         return None
     threads: dict[int, int] = {}
+    children: dict[int, int] = {}
     io_bytes = 0
     for member in (pid, *descendants(pid, processes)):
         try:
@@ -123,7 +124,7 @@ def read_tree(
             text = _read(proc / str(member) / "task" / str(tid) / "schedstat")
             if text is not None:
                 with contextlib.suppress(ValueError, IndexError):
-                    threads[tid] = parse_schedstat(text)
+                    (threads if member == pid else children)[tid] = parse_schedstat(text)
         io = _read(proc / str(member) / "io")
         if io is not None:
             with contextlib.suppress(ValueError):
@@ -132,7 +133,7 @@ def read_tree(
         main_ns = parse_schedstat(main)
     except (ValueError, IndexError):
         return None
-    return TreeReading(main_ns, threads, io_bytes, stat.state)
+    return TreeReading(main_ns, threads, children, io_bytes, stat.state)
 
 
 @dataclasses.dataclass(frozen=True)

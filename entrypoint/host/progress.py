@@ -9,10 +9,12 @@ microseconds it ran, not as a 10 ms tick at random), and the tree's storage I/O
 (/proc/PID/io read_bytes + write_bytes).
 
 - The main thread progresses when it ran MAIN_BUSY_SHARE of a core over a sampling interval;
-  the tree's storage I/O, when it grew. Either resets the rank's idle clock.
-- The other threads' and children's CPU is kept as a share of a core over ACTIVITY_WINDOW_S:
-  the rule (stall.py `judge`) compares it with what the waiting ranks' threads burn, since
-  Horovod's background loop spins while its rank waits.
+  the child processes (all their threads together) likewise; the tree's storage I/O, when it
+  grew. Each resets the rank's idle clock: a waiting rank has no child that runs (measured:
+  tests/programs/stall/wait_cost.py; Horovod, MPI and gloo wait in threads of the rank).
+- The rank's other threads' CPU (its *helpers*) is kept as a share of a core over
+  ACTIVITY_WINDOW_S: the rule (stall.py `judge`) compares it with what a waiting rank's threads
+  burn, since Horovod's background loop spins while its rank waits.
 """
 
 from __future__ import annotations
@@ -37,8 +39,10 @@ class TreeReading:
 
     # The rank's main thread's run time (ns).
     main_ns: int
-    # Every other thread of the tree: thread id -> run time (ns).
+    # The rank's other threads: thread id -> run time (ns).
     threads: Mapping[int, int]
+    # Every thread of its child processes (theirs too): thread id -> run time (ns).
+    children: Mapping[int, int]
     # Storage bytes read and written by the tree's live processes.
     io_bytes: int
     # The rank process' state (R, S, D, T, t, Z...).
@@ -56,10 +60,10 @@ def parse_io(text: str) -> int:
     return int(fields.get("read_bytes", "0")) + int(fields.get("write_bytes", "0"))
 
 
-def helper_ns(before: TreeReading, after: TreeReading) -> int:
-    """The run time the other threads gained between two readings: a thread new since
-    `before` counts from zero (a child started in between), one gone counts no more."""
-    return sum(max(0, run_ns - before.threads.get(tid, 0)) for tid, run_ns in after.threads.items())
+def gained_ns(before: Mapping[int, int], after: Mapping[int, int]) -> int:
+    """The run time threads gained between two readings: a thread new since `before` counts
+    from zero (a child started in between), one gone counts no more."""
+    return sum(max(0, run_ns - before.get(tid, 0)) for tid, run_ns in after.items())
 
 
 class RankProgress:
@@ -81,16 +85,21 @@ class RankProgress:
             then, before = self._last
             interval = max(now - then, 1e-9)
             main_share = (reading.main_ns - before.main_ns) / _NS / interval
-            if main_share >= MAIN_BUSY_SHARE or reading.io_bytes > before.io_bytes:
+            children_share = gained_ns(before.children, reading.children) / _NS / interval
+            if (
+                main_share >= MAIN_BUSY_SHARE
+                or children_share >= MAIN_BUSY_SHARE
+                or reading.io_bytes > before.io_bytes
+            ):
                 self.advanced_at = now
-            self._helpers.append((then, now, helper_ns(before, reading)))
+            self._helpers.append((then, now, gained_ns(before.threads, reading.threads)))
         self._last = (now, reading)
         while self._helpers and self._helpers[0][0] < now - self._window_s:
             self._helpers.popleft()
 
     def helper_share(self) -> float:
-        """The other threads' and children's CPU, in cores, over the window (or over what of it
-        has been read)."""
+        """The rank's other threads' CPU, in cores, over the window (or over what of it has
+        been read)."""
         if not self._helpers:
             return 0.0
         span = self._helpers[-1][1] - self._helpers[0][0]
