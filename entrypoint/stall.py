@@ -34,11 +34,11 @@ FIRST_TIMEOUT_FACTOR = 3.0
 # A rank whose main thread is elsewhere than in a collective works when its other threads use
 # at least HELPER_WORK_SHARE + (1 + HELPER_WORK_RATIO) x w cores, w being
 # the busiest waiting rank's on its host (or in the job, if its host has none). Measured with
-# tests/programs/stall/wait_cost.py (tests/test_stall.py; 4 Horovod ranks, 10 s, four runs on
+# tests/programs/stall/wait_cost.py (tests/test_stall.py; 4 Horovod ranks, 10 s, five runs on
 # a 2-core host loaded to 9-38): a waiting rank's threads 0.031-0.061 of a core (Horovod's
 # background loop), a hung rank's (main thread in a time.sleep(1) loop) 0.020-0.068, never more
 # than 0.02 from a waiting rank's of the same run; a rank computing in a thread (numpy)
-# 0.321-0.525. A busy child process of a rank got 0.32 of a core at load 24, less with more
+# 0.303-0.525. A busy child process of a rank got 0.32 of a core at load 24, less with more
 # ranks working beside it: the margin is 2.5 times the largest gap measured, no more. On a quiet
 # host Horovod's loop was seen at 0.13-0.84 (the test before this one): the ratio keeps the
 # margin above such a spinner's spread.

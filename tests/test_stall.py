@@ -174,7 +174,7 @@ def test_every_line_is_whole_and_tagged_once(make_cluster):
             assert mine[-1] == f"END rank={rank}"
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(420)
 def test_what_a_waiting_horovod_ranks_threads_cost(docker, image):
     """The measurement behind entrypoint/stall.py HELPER_WORK_SHARE and entrypoint/host/
     progress.py MAIN_BUSY_SHARE (docs/design.md "Stalls"; `pytest -s` prints it): 4 Horovod
@@ -186,7 +186,8 @@ def test_what_a_waiting_horovod_ranks_threads_cost(docker, image):
             image, "--oversubscribe", "-np", "4", "python", "/stall/wait_cost.py",
             "--seconds", "10", "--work-rank", "1",
         ],
-        capture_output=True, text=True, timeout=200, check=True,
+        # Four TensorFlow imports: 200 s were not enough on this machine at load 100.
+        capture_output=True, text=True, timeout=360, check=True,
     )  # fmt: skip
     costs = {
         role: (float(main), float(helpers))
