@@ -3,10 +3,11 @@ each worker reports its own over the channel and writes its ranks' stacks when a
 
 Master: every CHECK_INTERVAL_S, the rule over its own samples and the workers' latest reports
 (aged since they came). A suspected stall must hold for CONFIRM_S (a report interval and a
-little) before the master asks every host for its ranks' stacks at once (the workers' and its
-own in parallel; each host writes them into its own log) and judges with them in hand
-(stall.py `judge`): a stall fails the job with a `Stalled` line; a job in which a rank works
-while the others wait is healthy, and is not suspected again for a timeout.
+little), with a report from every worker that came since it was suspected, before the master
+asks every host for its ranks' stacks at once (the workers' and its own in parallel; each host
+writes them into its own log) and judges with them in hand (stall.py `judge`): a stall fails
+the job with a `Stalled` line; a job in which a rank works while the others wait is healthy,
+and is not suspected again for a timeout.
 Worker: a RankReport every REPORT_INTERVAL_S, and at once when a rank's output ended on an
 error line (the master's failure line quotes it); DumpStacks answered with the main threads'
 frames.
@@ -107,7 +108,7 @@ class MasterStalls:
                 stall.quiet_s,
                 ", ".join(sample.name for sample in stall.stuck),
             )
-        if now - self._since < CONFIRM_S:
+        if now - self._since < CONFIRM_S or not self.watch.reported(self._workers, self._since):
             return None
         self._since = None
         verdict = self._judge(stall)

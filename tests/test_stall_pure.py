@@ -702,11 +702,27 @@ def test_the_master_decides_only_with_every_workers_report_and_after_confirming(
     clock.now += CHECK_INTERVAL_S
     assert stalls.check(clock.now) is None  # seen, not yet confirmed
     clock.now += CONFIRM_S
+    # Confirmed in time, but no report since the suspicion: the worker's next one must agree.
+    assert stalls.check(clock.now) is None
+    watch.on_report("algo-2", (sample("rank 3", 68, 68, host="algo-2"),), [])
+    clock.now += CHECK_INTERVAL_S
     failure = stalls.check(clock.now)
     assert failure is not None and failure.reason is Reason.STALLED
     assert failure.host == "algo-2"
-    assert failure.message.startswith("no rank wrote output for 68 s (stall_timeout_seconds=60)")
+    assert failure.message.startswith("no rank wrote output for 69 s (stall_timeout_seconds=60)")
     assert "stopped progressing: algo-2 rank 3 (idle since " in failure.message
+
+
+def test_a_suspicion_that_a_workers_next_report_clears_is_dropped():
+    clock = FakeClock()
+    watch = HostWatch("algo-1", OutputPump("algo-1", clock=clock), clock=clock, read=lambda _: None)
+    stalls = MasterStalls(watch, T, workers=("algo-2",), wall=lambda: WALL)
+    watch.on_report("algo-2", (sample("rank 3", 61, 61, host="algo-2"),), [])
+    assert stalls.check(clock.now) is None
+    clock.now += CONFIRM_S
+    watch.on_report("algo-2", (sample("rank 3", 0.5, 0.5, host="algo-2"),), [])
+    clock.now += CHECK_INTERVAL_S
+    assert stalls.check(clock.now) is None
 
 
 def test_a_worker_whose_ranks_ended_reports_none():

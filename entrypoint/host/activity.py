@@ -328,10 +328,14 @@ class HostWatch:
                 self._errors.append(RankError(label, line, host))
             self._changed.notify_all()
 
-    def reported(self, hosts: Sequence[str]) -> bool:
-        """Whether each of `hosts` has reported (the rule needs every host's ranks)."""
+    def reported(self, hosts: Sequence[str], since: float | None = None) -> bool:
+        """Whether each of `hosts` has reported (the rule needs every host's ranks); with
+        `since` (this watch's clock), a report that came at or after it."""
         with self._lock:
-            return all(host in self._reports for host in hosts)
+            return all(
+                host in self._reports and (since is None or self._reports[host][0] >= since)
+                for host in hosts
+            )
 
     def job_samples(self) -> list[RankSample]:
         """Every host's samples: this host's now, each worker's aged since it came."""
