@@ -785,3 +785,20 @@ def test_which_tf_distribute_tasks_wait_by_design(task, cluster, waits):
     env = {"TF_CONFIG": json.dumps({"cluster": cluster, "task": {}})} if cluster else {}
     assert waits_by_design(task, env) is waits
     assert waits_by_design("worker:0", {"TF_CONFIG": "not json"}) is False
+
+
+@pytest.mark.parametrize(
+    ("helpers", "role"),
+    [
+        # 0.05 + 1.5 x the waiting rank's 0.2 is the margin: a hair above works, a hair below idles.
+        (0.3501, Role.WORKING),
+        (0.3499, Role.IDLE),
+    ],
+)
+def test_the_helpers_margin_over_the_waiting_ranks(helpers, role):
+    verdict = verdict_of(
+        [sample("rank 0", 70, 70, helpers=helpers), sample("rank 1", 70, 70, helpers=0.2)],
+        {"algo-1 rank 0": SLEEPING, "algo-1 rank 1": HOROVOD_WAIT},
+    )
+    assert verdict.of(role)[0].sample.label == "rank 0"
+    assert verdict.stalled is (role is Role.IDLE)
