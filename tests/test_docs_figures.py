@@ -113,7 +113,9 @@ CONSTANTS = (
     Constant("docs/design.md", "report every 5 s", "protocol.py's REPORT_INTERVAL_S"),
     Constant("docs/design.md", "confirmed for 6 s", "stall_monitor.py's CONFIRM_S"),
     Constant("docs/design.md", "ranks working 150 s", "tests/test_stall.py's silent work"),
-    Constant("README.md", "no 2% of a core", "entrypoint/host/progress.py's MAIN_BUSY_SHARE"),
+    Constant(
+        "README.md", "less than 2% of a core", "entrypoint/host/progress.py's MAIN_BUSY_SHARE"
+    ),
     Constant("README.md", "3x as long", "entrypoint/stall.py's FIRST_TIMEOUT_FACTOR"),
     Constant("docs/design.md", "600 s", "stall_timeout_seconds' default"),
     Constant("docs/design.md", "120 s at start and 300 s", "HyperPod's log-cadence rules"),
