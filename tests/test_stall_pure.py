@@ -802,3 +802,26 @@ def test_the_helpers_margin_over_the_waiting_ranks(helpers, role):
     )
     assert verdict.of(role)[0].sample.label == "rank 0"
     assert verdict.stalled is (role is Role.IDLE)
+
+
+def test_the_pump_counts_only_progress_lines_as_output(tmp_path):
+    """Horovod's stall warnings (every 60 s with the image's settings) are written like any line
+    but never stamp the stream's last output: they do not keep a hung job alive."""
+    clock = FakeClock()
+    pump = OutputPump("algo-1", os.open(os.devnull, os.O_WRONLY), clock=clock, flush_delay_s=60)
+    read_end, write_end = os.pipe()
+    stream = pump.add(read_end, "rank 0", pid=1)
+    os.write(
+        write_end,
+        b"[2026-11-28 00:10:22.1: W /x/horovod/common/stall_inspector.cc:107] One or more\n"
+        b"Stalled ranks:\n3: [HorovodAllreduce_Const_0]\n",
+    )
+    until_lines = time.monotonic() + 10
+    while len(stream.lines) < 3 and time.monotonic() < until_lines:
+        time.sleep(0.01)
+    assert len(stream.lines) == 3 and stream.last_output is None
+    clock.now += 5
+    os.write(write_end, b"step 3 loss 0.5\n")
+    os.close(write_end)
+    assert stream.done.wait(10)
+    assert stream.last_output == clock.now

@@ -234,10 +234,10 @@ class OutputPump:
     def _emit(self, stream: Stream, prefix: bytes, lines: list[bytes]) -> None:
         if not lines:
             return
-        self._write(b"".join(prefix + line + b"\n" for line in lines))
         texts = [line.decode("utf-8", "replace") for line in lines]
         if any(map(is_progress_line, texts)):
             stream.last_output = self._clock()
+        self._write(b"".join(prefix + line + b"\n" for line in lines))
         stream.lines.extend(texts)
         with self._lock:
             self._recent.extend(texts)
