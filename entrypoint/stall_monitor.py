@@ -123,9 +123,12 @@ class MasterStalls:
         return Failure(Reason.STALLED, message, verdict.named[0].sample.host)
 
     def _judge(self, stall: Stall) -> Verdict:
+        # The samples of the quiet time, taken before the stacks: a rank that writes its own
+        # stack does storage I/O, which must not read as its progress.
+        samples = self.watch.job_samples()
         log.warning("reading every rank's stack on every host")
         stacks = self._every_stack(SUSPECTED_WHY)
-        return judge(self.watch.job_samples(), stacks, self._timeout_s, stall.quiet_s)
+        return judge(samples, stacks, self._timeout_s, stall.quiet_s)
 
     def _every_stack(self, why: str) -> dict[str, tuple[Frame, ...]]:
         """Every host's stacks at once: the workers asked first, this host's read meanwhile."""
