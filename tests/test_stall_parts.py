@@ -184,3 +184,26 @@ def test_a_process_without_a_stack_file_is_never_signalled(monkeypatch, tmp_path
         assert [sample.label for sample in part.watch.samples()] == ["program"]
     finally:
         part.end()
+
+
+def test_the_stacks_folder_is_used_only_if_it_is_ours_alone(tmp_path: Path):
+    """It lives on a shared tmpfs (/dev/shm): a folder others can write is not used."""
+    mine = HostWatch(
+        "algo-1",
+        OutputPump("algo-1", os.open(os.devnull, os.O_WRONLY)),
+        stacks_dir=str(tmp_path / "stacks"),
+    )
+    mine.start()
+    mine.close()
+    assert (tmp_path / "stacks").stat().st_mode & 0o777 == 0o700
+    assert mine._stacks_dir == str(tmp_path / "stacks")
+    (tmp_path / "open").mkdir(mode=0o777)
+    (tmp_path / "open").chmod(0o777)
+    shared = HostWatch(
+        "algo-1",
+        OutputPump("algo-1", os.open(os.devnull, os.O_WRONLY)),
+        stacks_dir=str(tmp_path / "open"),
+    )
+    shared.start()
+    shared.close()
+    assert shared._stacks_dir == os.devnull

@@ -15,10 +15,12 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from stat import S_ISDIR
 
 from entrypoint.host import rank_shim, stacks
 from entrypoint.host.progress import RankProgress, TreeReading, parse_io, parse_schedstat
@@ -184,10 +186,20 @@ class HostWatch:
 
     def start(self) -> None:
         """Sample every SAMPLE_INTERVAL_S until `close`; ready the ranks' stack files' folder."""
+        folder = Path(self._stacks_dir)
         try:
-            Path(self._stacks_dir).mkdir(mode=0o700, parents=True, exist_ok=True)
+            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+            status = folder.lstat()
+            # A shared tmpfs: only a real folder of ours, closed to others, holds the stacks.
+            if (
+                not S_ISDIR(status.st_mode)
+                or status.st_uid != os.geteuid()
+                or status.st_mode & 0o077
+            ):
+                raise OSError(f"{folder} is not a folder of this user's alone")
         except OSError as error:
             log.warning("no folder for the ranks' own stacks (%s): py-spy only", error)
+            self._stacks_dir = os.devnull
         if self._thread is None:
             self._thread = threading.Thread(target=self._sample_loop, name="activity", daemon=True)
             self._thread.start()

@@ -45,7 +45,8 @@ STACKS_DIR_ENV = "SM_HVD_STACKS_DIR"
 # On tmpfs: a rank writing its stack there does no storage I/O (measured: /proc/PID/io's
 # write_bytes grew 20480 for 3000 bytes written under /run in the image, 0 under /dev/shm),
 # which the stall rule would read as its progress.
-STACKS_DIR = "/dev/shm/sm-horovod-stacks"
+# The entry point makes it 0700 and uses it only if it is its own (HostWatch.start).
+STACKS_DIR = "/dev/shm/sm-horovod-stacks"  # noqa: S108 - checked as above
 # Exit code when the rank cannot register or its program cannot start (a shell's "not run").
 NOT_RUN_EXIT_CODE = 127
 _REGISTER_TIMEOUT_S = 30.0
