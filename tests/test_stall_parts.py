@@ -98,6 +98,7 @@ def test_a_rank_through_the_shim_hands_over_its_output_and_heartbeats(tmp_path: 
         assert stream.last_beat is not None
     finally:
         registry.close()
+    registry.pump.drain(5)
     os.close(write_end)
     with os.fdopen(read_end, "rb") as log:
         assert log.read() == b"[algo-2 rank 5] a b c\n[algo-2 rank 5] half rest\n"

@@ -307,6 +307,11 @@ class MpirunPart(PartBase):
             error = self.watch.wait_for_error(f"rank {failed}", RANK_ERROR_WAIT_S)
             if error is not None:
                 return exit_failure(exited, f"rank {failed}: {error.line}", error.host)
+            # Its output has not ended (a child of the rank holds its pipe): the last error it
+            # printed so far, where it is this host's rank.
+            seen = self.watch.pump.last_error(f"rank {failed}")
+            if seen is not None:
+                return exit_failure(exited, f"rank {failed}: {seen}", self._host)
         # mpirun's own words (a rank a signal ended: "... exited on signal 9 (Killed)."), else
         # the first error a rank printed.
         line = self._child.error_line() if self._child is not None else None
