@@ -172,6 +172,8 @@ def run(env: Mapping[str, str], paths: ContractPaths, writer: OutputWriter | Non
     contract = read_contract(paths, env)
     role = "master" if contract.current_host == contract.master_host else "worker"
     configure_logging(contract.current_host, role, contract.settings.log_level, writer)
+    if writer is not None:
+        writer.name = f"host={contract.current_host} role={role} entrypoint"
     # The interface every backend is pinned to: the contract's, or a fallback where this host
     # has no such interface (SDK v3's local mode names `ethwe`).
     contract = dataclasses.replace(
@@ -215,7 +217,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     paths = ContractPaths(Path(env.get(ML_ROOT_ENV, "/opt/ml")))
     host = env.get("SM_CURRENT_HOST", "?")
     # The one writer of this container's stdout, from the first line to the last.
-    writer = OutputWriter(1, name=f"host={host} entrypoint")
+    writer = OutputWriter(1)
     configure_logging(host, "starting", writer=writer)
     code = _run_reporting_failures(env, paths, writer)
     # The last line of every host's log: when this host was done, and with what.

@@ -96,7 +96,9 @@ class MasterEnd(Protocol):
     def start_workers(self) -> None: ...
     def stop_workers(self) -> None: ...
     def ping(self, timeout_s: float) -> frozenset[str]: ...
-    def send_verdict(self, verdict: Verdict, timeout_s: float) -> list[str]: ...
+    def send_verdict(
+        self, verdict: Verdict, timeout_s: float, meanwhile: Callable[[], None] | None = None
+    ) -> list[str]: ...
 
 
 class WorkerEnd(Protocol):
@@ -471,7 +473,9 @@ def run_master(
             # Every host records the failure that won here (a rank's own may have come first).
             verdict = Verdict(verdict.exit_code, record_failure(config.output_dir, verdict.failure))
         if channel is not None:
-            for host in channel.send_verdict(verdict, VERDICT_ACK_TIMEOUT_S):
+            # Every worker told, this host's part ends while they acknowledge (mpirun's own
+            # teardown overlaps theirs instead of following it).
+            for host in channel.send_verdict(verdict, VERDICT_ACK_TIMEOUT_S, meanwhile=part.end):
                 log.warning("could not tell %s the job's result (it is gone)", host)
             log.info("%s: %.1f s", WORKER_SILENCE_LINE, channel.longest_silence_s)
         return verdict.exit_code

@@ -228,7 +228,8 @@ class OutputWriter:
         own_limit: int = OWN_PENDING_LIMIT,
     ) -> None:
         self._fd = fd
-        self._name = name
+        # Who says so, on stderr (the entry point's log prefix, once its host is known).
+        self.name = name
         self._errors_fd = errors_fd
         self._limit = limit
         self._own_limit = own_limit
@@ -241,6 +242,9 @@ class OutputWriter:
         # Set by `close`: the queue is written until then, the rest dropped.
         self._deadline: float | None = None
         self._failure: str | None = None
+        # Set once the writer's thread has ended: lines put later are counted, not written.
+        self._finished = False
+        self.late_lines = 0
         self.dropped_lines = 0
         self.dropped_bytes = 0
         self._thread = threading.Thread(target=self._run, name="stdout", daemon=True)
@@ -261,7 +265,11 @@ class OutputWriter:
             if wait:
                 while self._pending > self._limit and not self._released:
                     self._changed.wait()
-            if self._deadline is not None or (not wait and self._pending > self._own_limit):
+            if self._finished:
+                # After the exit line (a daemon thread's last words): nothing writes any more.
+                self.late_lines += data.count(b"\n") or 1
+                return
+            if not wait and self._pending > self._own_limit:
                 self._count_dropped(data)
                 return
             self._queue.append(data)
@@ -307,6 +315,7 @@ class OutputWriter:
                 while not self._queue and self._deadline is None:
                     self._changed.wait()
                 if not self._queue:
+                    self._finished = True
                     return
                 data = self._queue.popleft()
             try:
@@ -317,6 +326,9 @@ class OutputWriter:
                     self._changed.notify_all()
 
     def _deliver(self, data: bytes) -> None:
+        if self._deadline is not None and time.monotonic() >= self._deadline:
+            self._count_dropped(data)
+            return
         view = memoryview(data)
         for first, end in line_chunks(data):
             start = first
@@ -360,7 +372,7 @@ class OutputWriter:
 
     def _say(self, text: str) -> None:
         """One line on stderr (stdout is what failed), if it takes it at once."""
-        line = f"{time.strftime('%Y-%m-%d %H:%M:%S')} WARNING {self._name}: {text}\n"
+        line = f"{time.strftime('%Y-%m-%d %H:%M:%S')} WARNING {self.name}: {text}\n"
         poller = select.poll()
         with contextlib.suppress(OSError):
             poller.register(self._errors_fd, select.POLLOUT)
