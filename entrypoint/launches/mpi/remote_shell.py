@@ -180,15 +180,20 @@ class OrtedSpawner:
         self._spawned = False
         # orted's pid once started: its process group (its own session) is ours to end.
         self._orted: int | None = None
+        # Set once orted is reaped (or could not be): the channel's loop may close after it.
+        self._reaped = threading.Event()
 
     def handlers(self) -> Handlers:
         return {Spawn: self.on_spawn}
 
     def end(self) -> None:
-        """SIGKILL to orted's process group (orted and the ranks it started)."""
+        """SIGKILL to orted's process group (orted and the ranks it started), and a moment for
+        the channel's loop to reap it: a loop closed first leaves asyncio's child watcher
+        warning about it in the log."""
         if self._orted is not None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self._orted, signal.SIGKILL)
+            self._reaped.wait(_FINISH_S)
 
     def on_spawn(
         self, session: Session, message: Message
@@ -253,6 +258,7 @@ class OrtedSpawner:
             raise
         finally:
             watch.cancel()
+            self._reaped.set()
             # Closed while the loop runs: asyncio has no public close for a process, and the
             # transport's finalizer would otherwise close it at exit, on a closed loop (a
             # traceback in every worker's log).
