@@ -150,17 +150,20 @@ class ChildProcess:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self._process.pid, signum)
 
-    def end(self, wait_s: float = KILL_WAIT_S) -> None:
-        """SIGTERM to the group, `wait_s` for the child, then SIGKILL to the group."""
+    def end(self, wait_s: float = KILL_WAIT_S, *, reap_s: float | None = None) -> None:
+        """SIGTERM to the group, `wait_s` for the child (0: none, SIGKILL at once), then
+        SIGKILL to the group; then wait for the child to be reaped (up to `reap_s`: a killed
+        process no longer matters, and the host's exit need not wait for the kernel)."""
         if self._process is None:
             return
-        if self._process.poll() is None:
+        if self._process.poll() is None and wait_s > 0:
             self.signal_group(signal.SIGTERM)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self._process.wait(wait_s)
         # What is left of the group (children that outlived it) goes too.
         self.signal_group(signal.SIGKILL)
-        self._process.wait()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self._process.wait(reap_s)
 
     def lines(self) -> tuple[str, ...]:
         """Its own last lines (untagged)."""
