@@ -19,6 +19,7 @@ from collections.abc import Iterator
 import pytest
 
 from entrypoint.host.activity import HostWatch
+from entrypoint.host.children import ChildProcess
 from entrypoint.host.rank_output import (
     PIPE_BUF,
     LogHandler,
@@ -329,3 +330,24 @@ def test_the_one_place_a_lines_progress_is_decided(text: bytes, counts: bool):
         os.close(write_end)
         pump.join(10)
     assert (stream.last_output is not None) == counts
+
+
+def test_a_child_whose_grandchild_holds_its_pipe_costs_one_wait_not_one_per_poll():
+    """The supervising loop polls its part every turn: only the first poll after the exit
+    waits for the output's end."""
+    with stdout_pipe() as (_out_read, out_write):
+        pump = OutputPump("algo-1", OutputWriter(out_write))
+        child = ChildProcess(
+            ["sh", "-c", "sleep 30 & echo bye"], {}, None, label="program", pump=pump, rank=False
+        )
+        child.start()
+        deadline = time.monotonic() + 10
+        while child.running:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        assert child.poll() == 0
+        started = time.monotonic()
+        for _ in range(10):
+            assert child.poll() == 0
+        assert time.monotonic() - started < 1
+        child.end(0, reap_s=1)

@@ -94,6 +94,9 @@ class ChildProcess:
         self._rank = rank
         self._process: subprocess.Popen[bytes] | None = None
         self._output: Stream | None = None
+        # Its output's end waited for once (a grandchild holding the pipe would make every
+        # later poll wait again).
+        self._output_waited = False
 
     def start(self) -> None:
         env = dict(self._env)
@@ -133,9 +136,10 @@ class ChildProcess:
         if self._process is None:
             return None
         code = self._process.poll()
-        if code is not None and self._output is not None:
-            # Its last lines written (and read) first: the failure may quote them.
+        if code is not None and self._output is not None and not self._output_waited:
+            # Its last lines read first: the failure may quote them.
             self._output.done.wait(timeout=5)
+            self._output_waited = True
         # A child killed by a signal reports -N; a shell would say 128 + N (Horovod's rule).
         return None if code is None else (128 - code if code < 0 else code)
 
