@@ -320,6 +320,9 @@ class OutputWriter:
                 data = self._queue.popleft()
             try:
                 self._deliver(data)
+            except Exception as error:  # noqa: BLE001 - a dead writer would block every rank
+                self._failed(error)
+                self._count_dropped(data)
             finally:
                 with self._changed:
                     self._pending -= len(data)
@@ -361,10 +364,11 @@ class OutputWriter:
         self.dropped_lines += data.count(b"\n") or 1
         self.dropped_bytes += len(data)
 
-    def _failed(self, error: OSError) -> None:
+    def _failed(self, error: Exception) -> None:
         if self._failure is not None:
             return
-        self._failure = f"{type(error).__name__}: {error.strerror or error}"
+        reason = error.strerror if isinstance(error, OSError) else None
+        self._failure = f"{type(error).__name__}: {reason or error}"
         self._say(
             f"the container's stdout failed ({self._failure}): its lines are dropped and "
             "counted from here on; the ranks keep running"
