@@ -31,6 +31,7 @@ from entrypoint.contract import (
 )
 from entrypoint.groups import describe_roles
 from entrypoint.host import netif, probes, signals, sshkeys, usercode
+from entrypoint.host.rank_output import DRAIN_S, LogHandler, OutputWriter
 from entrypoint.job import format_command
 from entrypoint.plan import JobPlan, launch_lines, make_plan, require_channel
 from smcommon.failure import STOPPED_EXIT_CODE, Failure, Reason, record_failure
@@ -45,9 +46,15 @@ from smcommon.names import (
 log = logging.getLogger("entrypoint")
 
 
-def configure_logging(host: str, role: str, level: int = logging.INFO) -> None:
-    """Logs go to stdout (SageMaker ships stdout to CloudWatch), host and role on every line."""
-    handler = logging.StreamHandler(sys.stdout)
+def configure_logging(
+    host: str, role: str, level: int = logging.INFO, writer: OutputWriter | None = None
+) -> None:
+    """Logs go to stdout (SageMaker ships stdout to CloudWatch), host and role on every line;
+    through `writer`, the one writer of stdout the ranks' lines go through too (else, as in
+    tests that run pieces of the entry point, straight to sys.stdout)."""
+    handler: logging.Handler = (
+        logging.StreamHandler(sys.stdout) if writer is None else LogHandler(writer)
+    )
     handler.setFormatter(
         logging.Formatter(
             f"%(asctime)s %(levelname)s host={host} role={role} entrypoint: %(message)s"
@@ -155,15 +162,18 @@ def prepare(contract: Contract, plan: JobPlan, env: Mapping[str, str]) -> bytes 
     return protocol.derive_job_key(seed)
 
 
-def run(env: Mapping[str, str], paths: ContractPaths) -> int:
-    """Read the contract, plan the job, prepare this host, supervise its part."""
+def run(env: Mapping[str, str], paths: ContractPaths, writer: OutputWriter | None = None) -> int:
+    """Read the contract, plan the job, prepare this host, supervise its part (its output
+    through `writer`)."""
     # Before anything slow (the user's code from S3, pip): a stop during set-up also leaves
     # its failure line, and the host exits at once.
     stop = threading.Event()
     handlers = signals.install_stop_handlers(stop)
     contract = read_contract(paths, env)
     role = "master" if contract.current_host == contract.master_host else "worker"
-    configure_logging(contract.current_host, role, contract.settings.log_level)
+    configure_logging(contract.current_host, role, contract.settings.log_level, writer)
+    if writer is not None:
+        writer.name = f"host={contract.current_host} role={role} entrypoint"
     # The interface every backend is pinned to: the contract's, or a fallback where this host
     # has no such interface (SDK v3's local mode names `ethwe`).
     contract = dataclasses.replace(
@@ -195,7 +205,7 @@ def run(env: Mapping[str, str], paths: ContractPaths) -> int:
         sigterm_grace_s=contract.settings.sigterm_grace_s,
         stall_timeout_s=contract.settings.stall_timeout_s,
     )
-    return supervise.run_host(plan, config, stop, job_key=job_key)
+    return supervise.run_host(plan, config, stop, job_key=job_key, output=writer)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -205,16 +215,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 64
     env = dict(os.environ)
     paths = ContractPaths(Path(env.get(ML_ROOT_ENV, "/opt/ml")))
-    configure_logging(env.get("SM_CURRENT_HOST", "?"), "starting")
-    code = _run_reporting_failures(env, paths)
+    host = env.get("SM_CURRENT_HOST", "?")
+    # The one writer of this container's stdout, from the first line to the last.
+    writer = OutputWriter(1)
+    configure_logging(host, "starting", writer=writer)
+    code = _run_reporting_failures(env, paths, writer)
     # The last line of every host's log: when this host was done, and with what.
     log.info("%s %d", EXIT_LINE, code)
+    # Written out (within a bound: a stdout that stopped taking bytes cannot hold the exit).
+    writer.close(DRAIN_S)
     return code
 
 
-def _run_reporting_failures(env: Mapping[str, str], paths: ContractPaths) -> int:
+def _run_reporting_failures(
+    env: Mapping[str, str], paths: ContractPaths, writer: OutputWriter | None = None
+) -> int:
     try:
-        return run(env, paths)
+        return run(env, paths, writer)
     except signals.SetupStopped as stopped:
         failure = Failure(
             Reason.STOPPED,

@@ -34,6 +34,7 @@ from entrypoint.channel.session import Session
 from entrypoint.channel.verdicts import host_verdict, suspect_peers, with_fault
 from entrypoint.host.children import KILL_WAIT_S
 from entrypoint.host.oom import MemoryCounters, OomWatch, oom_failure, read_counters
+from entrypoint.host.rank_output import DRAIN_S, OutputWriter
 from entrypoint.job import VerdictRule, format_command
 from entrypoint.launches import local_part
 from entrypoint.part import Supervised
@@ -95,7 +96,9 @@ class MasterEnd(Protocol):
     def start_workers(self) -> None: ...
     def stop_workers(self) -> None: ...
     def ping(self, timeout_s: float) -> frozenset[str]: ...
-    def send_verdict(self, verdict: Verdict, timeout_s: float) -> list[str]: ...
+    def send_verdict(
+        self, verdict: Verdict, timeout_s: float, meanwhile: Callable[[], None] | None = None
+    ) -> list[str]: ...
 
 
 class WorkerEnd(Protocol):
@@ -470,7 +473,9 @@ def run_master(
             # Every host records the failure that won here (a rank's own may have come first).
             verdict = Verdict(verdict.exit_code, record_failure(config.output_dir, verdict.failure))
         if channel is not None:
-            for host in channel.send_verdict(verdict, VERDICT_ACK_TIMEOUT_S):
+            # Every worker told, this host's part ends while they acknowledge (mpirun's own
+            # teardown overlaps theirs instead of following it).
+            for host in channel.send_verdict(verdict, VERDICT_ACK_TIMEOUT_S, meanwhile=part.end):
                 log.warning("could not tell %s the job's result (it is gone)", host)
             log.info("%s: %.1f s", WORKER_SILENCE_LINE, channel.longest_silence_s)
         return verdict.exit_code
@@ -597,13 +602,23 @@ def master_arrival_deadline(config: ShellConfig) -> float:
 
 
 def run_host(
-    plan: JobPlan, config: ShellConfig, stop: threading.Event, *, job_key: bytes | None
+    plan: JobPlan,
+    config: ShellConfig,
+    stop: threading.Event,
+    *,
+    job_key: bytes | None,
+    output: OutputWriter | None = None,
 ) -> int:
     """This host's part readies what it needs (sshd, its sockets), this host's end of the
     coordination channel opens (multi-host jobs) with the part's messages and handlers, and the
-    master's or the worker's loop runs over the part."""
+    master's or the worker's loop runs over the part; at its end, every stream's last lines are
+    written (`output`: the writer of stdout, the entry point's own lines' too)."""
     part = local_part(
-        plan.launch_kind, plan.launch, is_master=plan.is_master, host=plan.current_host
+        plan.launch_kind,
+        plan.launch,
+        is_master=plan.is_master,
+        host=plan.current_host,
+        output=output,
     )
     watch = part.watch
     if config.stall_timeout_s > 0:
@@ -652,3 +667,5 @@ def run_host(
     finally:
         watch.close()
         part.close()
+        # A child of a rank may still hold its pipe: its partial last line is written anyway.
+        watch.pump.drain(DRAIN_S)

@@ -464,18 +464,18 @@ def test_a_worker_of_another_version_is_refused_by_name(master):
     with sock:
         frames = FrameReader(key, Direction.TO_WORKER)
         assert frames.decode(read_body(sock)) == Refused(
-            "protocol version 1 on algo-2, 6 on the master"
+            "protocol version 1 on algo-2, 7 on the master"
         )
         assert sock.recv(1 << 16) == b""  # and hung up on
-    assert master.lost() == {"algo-2": "protocol version 1 on algo-2, 6 on the master"}
+    assert master.lost() == {"algo-2": "protocol version 1 on algo-2, 7 on the master"}
     assert master.connected() == frozenset()
 
 
 def test_both_ends_name_both_versions(master, connect, monkeypatch):
-    monkeypatch.setattr(session_module, "PROTOCOL_VERSION", 7)  # this worker speaks 7
+    monkeypatch.setattr(session_module, "PROTOCOL_VERSION", 8)  # this worker speaks 8
     worker = connect("algo-2")
     until(lambda: worker.lost)
-    why = "protocol version 7 on algo-2, 6 on the master"
+    why = "protocol version 8 on algo-2, 7 on the master"
     assert worker.lost == f"master localhost refused this host: {why}"
     assert master.lost() == {"algo-2": why}
 

@@ -71,7 +71,7 @@ def test_keys_are_deterministic_and_separate():
 @pytest.mark.parametrize(
     ("message", "text"),
     [
-        (Hello("algo-2"), b'{"host":"algo-2","type":"hello","version":6}'),
+        (Hello("algo-2"), b'{"host":"algo-2","type":"hello","version":7}'),
         (Heartbeat(), b'{"type":"heartbeat"}'),
         (Start(), b'{"type":"start"}'),
         (Exited(3, Failure(Reason.TRAINING_FAILED, "x", "algo-2")),
@@ -110,10 +110,10 @@ def test_messages_as_exact_json(message, text):
         (b"[1]", "must be a JSON object"),
         (b'{"type":"launch"}', "unknown message type"),
         (b'{"exit_code":0}', "unknown message type"),
-        (b'{"type":"hello","version":6}', "Hello without a host name"),
-        (b'{"type":"hello","host":"","version":6}', "Hello without a host name"),
+        (b'{"type":"hello","version":7}', "Hello without a host name"),
+        (b'{"type":"hello","host":"","version":7}', "Hello without a host name"),
         (b'{"type":"hello","host":"a","version":true}', "Hello with protocol version True"),
-        (b'{"type":"hello","host":"a","version":6,"x":1}', "unexpected fields \\['x'\\] in Hello"),
+        (b'{"type":"hello","host":"a","version":7,"x":1}', "unexpected fields \\['x'\\] in Hello"),
         (b'{"type":"verdict","exit_code":true}', "exit code True is not an integer"),
         (b'{"type":"verdict","exit_code":256}', "exit code 256"),
         (b'{"type":"verdict","exit_code":"0"}', "exit code '0'"),
@@ -253,19 +253,19 @@ def test_a_message_type_is_known_only_to_its_catalog():
 @pytest.mark.parametrize(
     ("text", "hello", "refusal"),
     [
-        (b'{"host":"algo-2","type":"hello","version":6}', Hello("algo-2", 6), None),
+        (b'{"host":"algo-2","type":"hello","version":7}', Hello("algo-2", 7), None),
         # the first protocol sent no version
         (b'{"host":"algo-2","type":"hello"}', Hello("algo-2", 1),
-         "protocol version 1 on algo-2, 6 on the master"),
+         "protocol version 1 on algo-2, 7 on the master"),
         # a later version may say more, or less: it is refused for its version, by name
-        (b'{"host":"algo-2","type":"hello","version":7,"rank":0}', Hello("algo-2", 7),
-         "protocol version 7 on algo-2, 6 on the master"),
-        (b'{"type":"hello","version":7}', Hello("", 7),
-         "protocol version 7 on the worker, 6 on the master"),
+        (b'{"host":"algo-2","type":"hello","version":8,"rank":0}', Hello("algo-2", 8),
+         "protocol version 8 on algo-2, 7 on the master"),
+        (b'{"type":"hello","version":8}', Hello("", 8),
+         "protocol version 8 on the worker, 7 on the master"),
     ],
 )  # fmt: skip
 def test_hello_carries_the_protocol_version(text, hello, refusal):
-    assert PROTOCOL_VERSION == 6
+    assert PROTOCOL_VERSION == 7
     decoded = message_from_json(text)
     assert isinstance(decoded, Hello)
     assert decoded == hello

@@ -5,6 +5,7 @@ real sockets with a stand-in orted on PATH."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
 import socket
@@ -505,3 +506,23 @@ def test_the_agent_imports_nothing_but_the_standard_librarys_basics():
         timeout=30,
     )
     assert done.stdout.strip() == "[]"
+
+
+def test_an_agent_gone_at_the_teardown_is_one_debug_line(cluster, capfd, caplog):
+    """mpirun's group killed (and its agents with it) while a worker's orted still runs: the
+    relay's answer finds nobody, which at the teardown is expected."""
+    caplog.set_level(logging.DEBUG, logger="entrypoint")
+    cluster.ending()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as agent:
+        agent.connect(str(cluster.path))
+        agent.sendall(rsh_agent.agent_request(CAPTURED_ALGO_2[0], CAPTURED_ALGO_2[1:]))
+        agent.shutdown(socket.SHUT_RDWR)
+    deadline = time.monotonic() + 10
+    gone = "an rsh agent left before its answer (Broken pipe)"
+    while gone not in caplog.messages and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert gone in caplog.messages
+    assert [r.levelno for r in caplog.records if r.getMessage() == gone] == [logging.DEBUG]
+    # orted's exit code 3 is the teardown's too: debug, not an error.
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert "Traceback" not in capfd.readouterr().err

@@ -154,8 +154,12 @@ class FakeMasterChannel:
         self.pings.append(timeout_s)
         return self.answering & self.connected_hosts
 
-    def send_verdict(self, verdict: Verdict, timeout_s: float) -> list[str]:
+    def send_verdict(
+        self, verdict: Verdict, timeout_s: float, meanwhile: Callable[[], None] | None = None
+    ) -> list[str]:
         self.verdicts.append((verdict, timeout_s))
+        if meanwhile is not None:
+            meanwhile()
         return list(self.unacknowledged)
 
 

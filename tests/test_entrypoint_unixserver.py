@@ -49,3 +49,24 @@ def test_close_returns_within_a_few_polls(tmp_path):
     server.close()
     # The old default would take about 0.45 s here.
     assert time.monotonic() - started < 0.3
+
+
+def test_a_handler_that_fails_is_one_log_line_not_a_traceback(tmp_path, capfd, caplog):
+    def broken(_connection: socket.socket) -> None:
+        raise BrokenPipeError(32, "Broken pipe")
+
+    server = unixserver.PrivateUnixServer(tmp_path / "s.sock", broken, "relay")
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
+            client.connect(str(server.path))
+            client.settimeout(5)
+            assert client.recv(1) == b""  # the handler ended
+        deadline = time.monotonic() + 5
+        while not caplog.records and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        server.close()
+    assert [record.getMessage() for record in caplog.records] == [
+        "relay: a connection's handler failed: BrokenPipeError(32, 'Broken pipe')"
+    ]
+    assert "Traceback" not in capfd.readouterr().err

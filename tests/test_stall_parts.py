@@ -98,6 +98,7 @@ def test_a_rank_through_the_shim_hands_over_its_output_and_heartbeats(tmp_path: 
         assert stream.last_beat is not None
     finally:
         registry.close()
+    registry.pump.drain(5)
     os.close(write_end)
     with os.fdopen(read_end, "rb") as log:
         assert log.read() == b"[algo-2 rank 5] a b c\n[algo-2 rank 5] half rest\n"
@@ -156,6 +157,8 @@ def test_where_py_spy_cannot_read_a_rank_it_writes_its_own_stack_and_lives_on(
         assert list(found) == ["algo-1 program"]
         assert frames[0].function == "wait_forever"
         assert frames[-1].function == "<module>"
+        # The pump's writer thread owns stdout: the stack lines are queued, not yet written.
+        assert part.watch.pump.flush(5.0)
         log = capfd.readouterr().out
         assert "[algo-1 program] stack (a test):\n[algo-1 program] Thread 0x" in log
         assert '[algo-1 program]   File "<string>", line 4 in wait_forever\n' in log

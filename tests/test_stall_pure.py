@@ -479,7 +479,7 @@ def test_the_pump_writes_whole_tagged_lines_from_one_writer(tmp_path):
         time.sleep(0.02)
     os.write(write_end, b"Traceback: boom\n")
     os.close(write_end)
-    pump.join(5)
+    pump.drain(5)
     os.close(out)
     assert (tmp_path / "log").read_bytes() == (
         b"[algo-1 rank 0] a b c\n[algo-1 rank 0] partial\n[algo-1 rank 0] Traceback: boom\n"

@@ -26,6 +26,7 @@ import contextlib
 import logging
 import threading
 import time
+from collections.abc import Callable
 
 from entrypoint.channel.protocol import (
     CATALOG,
@@ -212,12 +213,28 @@ class MasterChannel:
             return frozenset()
         return frozenset(host for host in answered if host is not None)
 
-    def send_verdict(self, verdict: Verdict, timeout_s: float) -> list[str]:
-        """Tell every connected worker the verdict and wait up to `timeout_s` for their Acks.
+    def send_verdict(
+        self,
+        verdict: Verdict,
+        timeout_s: float,
+        meanwhile: Callable[[], None] | None = None,
+    ) -> list[str]:
+        """Tell every connected worker the verdict, run `meanwhile` (what may go on once every
+        worker has been told: this host's teardown), and wait up to `timeout_s` for their Acks.
         Returns the workers that did not acknowledge it (they are gone, or never came)."""
         with self._lock:
             self._verdict_sent = True
-        self._thread.call(lambda: self._broadcast(verdict))
+        if meanwhile is None:
+            self._thread.call(lambda: self._broadcast(verdict))
+        else:
+
+            async def broadcast() -> None:
+                self._broadcast(verdict)
+
+            # Written to every connection before the teardown starts.
+            with contextlib.suppress(RuntimeError, TimeoutError):
+                self._thread.run(broadcast(), timeout=5)
+            meanwhile()
         with self._changed:
             self._changed.wait_for(lambda: set(self._sessions) <= self._acked, timeout_s)
             return sorted(self._workers - self._acked)

@@ -52,21 +52,31 @@ from smcommon.failure import Failure, Reason
 # Sent in every Hello; a master refuses a worker that speaks another version. 2: Hello carries
 # the version; Refused, Request and Response exist. 3: Stop. 4: Fault; the failure reasons
 # OutOfMemory and DiskFull. 5: RankReport, DumpStacks, StacksDumped; the reason Stalled.
-# 6: Ping, Pong.
-PROTOCOL_VERSION = 6
+# 6: Ping, Pong. 7: StacksDumped's strings table; a RankReport of any number of ranks, its
+# errors over several reports where one frame cannot hold them.
+PROTOCOL_VERSION = 7
 # What a Hello without a version field is: the first protocol, which sent none.
 _UNVERSIONED = 1
 NONCE_BYTES = 16
 TAG_BYTES = 32
 _LENGTH = struct.Struct(">I")
-# Failure lines are capped at 1024 characters (failure.MESSAGE_LIMIT); anything near this size
+# Failure lines are capped at 1024 characters (failure.MESSAGE_LIMIT); the larger messages
+# (RankReport, StacksDumped) fit themselves within MESSAGE_BUDGET, so anything over this size
 # is not a message of ours.
 MAX_FRAME_BYTES = 16 * 1024
+# What a message's JSON may take: the frame less its tag, and room for the Response or Request
+# that may carry it (its type, id and error fields).
+MESSAGE_BUDGET = MAX_FRAME_BYTES - 32 - 256
 _KEY_SALT = b"sm-horovod coordination v1"
 
 
 class ProtocolError(ValueError):
     """A peer sent something that is not a valid, authentic frame: drop the connection."""
+
+
+class OversizedMessageError(ValueError):
+    """A message this side was about to send does not fit in a frame (nothing was sent: the
+    session and its sequence numbers are as they were)."""
 
 
 class Direction(enum.Enum):
@@ -129,6 +139,11 @@ class Message:
 
     def travels(self, direction: Direction) -> bool:
         return direction in self.TRAVELS
+
+    def parts(self, budget: int = MESSAGE_BUDGET) -> tuple[Message, ...]:
+        """The messages that say this one within `budget` bytes of JSON each (a message whose
+        size is bounded by its fields' caps: itself)."""
+        return (self,)
 
 
 Catalog = Mapping[str, type[Message]]
@@ -351,10 +366,23 @@ class Ack(Message):
 
 # How often a worker reports its ranks' activity (the stall rule ages each report meanwhile).
 REPORT_INTERVAL_S = 5.0
-# A report's and a stack summary's text fields are cut here (a frame is at most 16 KiB).
+# A report's and a stack summary's text fields are cut here.
 _LINE_CHARS = 300
 _FRAMES_PER_RANK = 4
-_RANKS_PER_REPORT = 32
+# StacksDumped's shapes, richest first: (frames per rank, characters per text field); the
+# first whose JSON fits the budget is sent. A file keeps its path's end (the library and the
+# file's name), the other fields their start.
+_STACK_SHAPES = (
+    (_FRAMES_PER_RANK, _LINE_CHARS),
+    (_FRAMES_PER_RANK, 120),
+    (_FRAMES_PER_RANK, 60),
+    (3, 48),
+    (2, 48),
+    (2, 32),
+    (1, 32),
+    (1, 16),
+    (0, 0),
+)
 
 
 def _number(value: object, name: str) -> float:
@@ -375,10 +403,19 @@ def _list(value: object, name: str) -> list[Any]:
     return value
 
 
+def json_size(fields: Fields) -> int:
+    """The bytes `fields` take on the wire (non-ASCII escaped as JSON escapes it: 6 or 12 bytes
+    a character)."""
+    return len(json.dumps(fields, sort_keys=True, separators=(",", ":")))
+
+
 @dataclasses.dataclass(frozen=True)
 class RankReport(Message):
     """Worker to master: this host's live ranks as the stall rule needs them (its host is the
     session's peer), and the last error line of ranks whose output ended since the last report.
+    Every rank's sample is in every report; errors that one frame cannot hold go over several
+    reports (`parts`), each with every sample again, so the master's view of the host is whole
+    after each.
     """
 
     TYPE = "rank_report"
@@ -393,19 +430,38 @@ class RankReport(Message):
             "samples": [
                 [
                     sample.label[:_LINE_CHARS],
-                    sample.quiet_s,
-                    sample.idle_s,
+                    round(sample.quiet_s, 3),
+                    round(sample.idle_s, 3),
                     sample.stopped,
                     sample.said,
-                    sample.helper_share,
+                    round(sample.helper_share, 4),
                 ]
-                for sample in self.samples[:_RANKS_PER_REPORT]
+                for sample in self.samples
             ],
-            "errors": [
-                [label[:_LINE_CHARS], line[:_LINE_CHARS]]
-                for label, line in self.errors[:_RANKS_PER_REPORT]
-            ],
+            "errors": [[label[:_LINE_CHARS], line[:_LINE_CHARS]] for label, line in self.errors],
         }
+
+    def parts(self, budget: int = MESSAGE_BUDGET) -> tuple[Message, ...]:
+        """Every error, in order, over as few reports as hold them within `budget` (each with
+        every sample). Samples alone over the budget (some 400 ranks on one host) are one report
+        that the sender refuses, as any message that does not fit."""
+        empty = dataclasses.replace(self, errors=())
+        room = budget - json_size(message_to_object(empty))
+        if not self.errors or room <= 0:
+            return (self,)
+        reports: list[Message] = []
+        batch: list[tuple[str, str]] = []
+        used = 0
+        for label, line in self.errors:
+            # An error's JSON, and the comma before it.
+            size = json_size({"": [label[:_LINE_CHARS], line[:_LINE_CHARS]]}) - 4
+            if batch and used + size > room:
+                reports.append(dataclasses.replace(self, errors=tuple(batch)))
+                batch, used = [], 0
+            batch.append((label, line))
+            used += size
+        reports.append(dataclasses.replace(self, errors=tuple(batch)))
+        return tuple(reports)
 
     @classmethod
     def from_json(cls, fields: Fields, catalog: Catalog) -> Self:
@@ -454,37 +510,94 @@ class DumpStacks(Message):
         return cls(_text(fields.get("why"), "DumpStacks' why"))
 
 
+class _Strings:
+    """A message's table of distinct strings: ranks waiting in the same place share their
+    frames' text, so each is sent once."""
+
+    def __init__(self) -> None:
+        self.table: list[str] = []
+        self._index: dict[str, int] = {}
+
+    def ref(self, text: str) -> int:
+        if text not in self._index:
+            self._index[text] = len(self.table)
+            self.table.append(text)
+        return self._index[text]
+
+
+def _stacks_json(
+    stacks: tuple[tuple[str, tuple[Frame, ...]], ...], frames: int, chars: int
+) -> Fields:
+    strings = _Strings()
+    encoded = [
+        [
+            strings.ref(name[:_LINE_CHARS]),
+            [
+                [
+                    strings.ref(frame.function[:chars]),
+                    # The path's end: the library's folders and the file's name.
+                    strings.ref(frame.file[-chars:] if chars else ""),
+                    frame.line,
+                    strings.ref(frame.source[:chars]),
+                ]
+                for frame in rank_frames[:frames]
+            ],
+        ]
+        for name, rank_frames in stacks
+    ]
+    return {"strings": strings.table, "stacks": encoded}
+
+
 @dataclasses.dataclass(frozen=True)
 class StacksDumped(Message):
     """Worker to master: each rank's main-thread frames, innermost first (a few), by its name
-    ('<host> <label>'), where they could be read."""
+    ('<host> <label>'), where they could be read. Every rank is sent; its frames are as many
+    and as long as fit in one frame beside every other rank's (`_STACK_SHAPES`: ranks waiting
+    in the same place cost their text once, so 48 ranks of one host usually keep 4 frames of
+    300 characters)."""
 
     TYPE = "stacks_dumped"
     TRAVELS = frozenset({Direction.TO_MASTER})
 
     stacks: tuple[tuple[str, tuple[Frame, ...]], ...] = ()
 
+    @classmethod
+    def check_fields(cls, fields: Fields) -> None:
+        if not set(fields) <= {"stacks", "strings"}:
+            unexpected = sorted(set(fields) - {"stacks", "strings"})
+            raise ProtocolError(f"unexpected fields {unexpected} in {cls.__name__}")
+
     def to_json(self) -> Fields:
-        return {
-            "stacks": [
-                [
-                    name[:_LINE_CHARS],
-                    [
-                        [
-                            frame.function[:_LINE_CHARS],
-                            frame.file[:_LINE_CHARS],
-                            frame.line,
-                            frame.source[:_LINE_CHARS],
-                        ]
-                        for frame in frames[:_FRAMES_PER_RANK]
-                    ],
-                ]
-                for name, frames in self.stacks[:_RANKS_PER_REPORT]
-            ]
-        }
+        def size(fields: Fields) -> int:
+            return json_size({"type": self.TYPE, **fields})
+
+        fields: Fields = {}
+        for frames, chars in _STACK_SHAPES:
+            fields = _stacks_json(self.stacks, frames, chars)
+            if size(fields) <= MESSAGE_BUDGET:
+                return fields
+        # Names alone over the budget (hundreds of ranks on one host): the first ranks that fit;
+        # the master names the others from their samples alone, as ranks py-spy could not read.
+        count = len(self.stacks)
+        while size(fields) > MESSAGE_BUDGET:
+            count = min(count - 1, count * MESSAGE_BUDGET // size(fields))
+            fields = _stacks_json(self.stacks[:count], 0, 0)
+        return fields
 
     @classmethod
     def from_json(cls, fields: Fields, catalog: Catalog) -> Self:
+        table = _list(fields.get("strings", []), "StacksDumped's strings")
+        strings = [_text(text, "a string") for text in table]
+
+        def string(value: object) -> str:
+            if (
+                not isinstance(value, int)
+                or isinstance(value, bool)
+                or not 0 <= value < len(strings)
+            ):
+                raise ProtocolError(f"string {value!r} is not in the table")
+            return strings[value]
+
         stacks = []
         for item in _list(fields.get("stacks", []), "StacksDumped's stacks"):
             if not isinstance(item, list) or len(item) != 2:
@@ -496,15 +609,8 @@ class StacksDumped(Message):
                 line = frame[2]
                 if not isinstance(line, int) or isinstance(line, bool):
                     raise ProtocolError("a frame's line must be an integer")
-                frames.append(
-                    Frame(
-                        _text(frame[0], "a function"),
-                        _text(frame[1], "a file"),
-                        line,
-                        _text(frame[3], "a source line"),
-                    )
-                )
-            stacks.append((_text(item[0], "a stack's name"), tuple(frames)))
+                frames.append(Frame(string(frame[0]), string(frame[1]), line, string(frame[3])))
+            stacks.append((string(item[0]), tuple(frames)))
         return cls(tuple(stacks))
 
 
@@ -646,7 +752,15 @@ class FrameWriter:
         self._sequence = first_sequence
 
     def encode(self, message: Message) -> bytes:
+        """The message's frame; OversizedMessageError (and no sequence number used) where it would
+        exceed MAX_FRAME_BYTES, which the peer would refuse by dropping the session."""
         payload = message_to_json(message)
+        if TAG_BYTES + len(payload) > MAX_FRAME_BYTES:
+            body = getattr(message, "body", None)
+            kind = type(body if isinstance(body, Message) else message).__name__
+            raise OversizedMessageError(
+                f"a {kind} of {TAG_BYTES + len(payload)} bytes exceeds {MAX_FRAME_BYTES}"
+            )
         tag = _tag(self._key, self._direction, self._sequence, payload)
         self._sequence += 1
         return _LENGTH.pack(TAG_BYTES + len(payload)) + tag + payload

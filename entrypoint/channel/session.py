@@ -39,6 +39,7 @@ from entrypoint.channel.protocol import (
     Heartbeat,
     Hello,
     Message,
+    OversizedMessageError,
     ProtocolError,
     Request,
     Response,
@@ -223,12 +224,23 @@ class Session:
         return now - self.last_heard
 
     def send(self, message: Message) -> None:
+        """Send `message` (in as many frames as its `parts`). One that cannot fit in a frame is
+        not sent (logged; a request's answer becomes its error): the peer would drop the
+        session over it."""
         if self.ending is not None or self._writer.is_closing():
             return
         if self._writer.transport.get_write_buffer_size() > MAX_QUEUED_BYTES:
             self.end(Ending(End.DEAF))
             return
-        self._writer.write(self._sender.encode(message))
+        for part in message.parts():
+            try:
+                frame = self._sender.encode(part)
+            except OversizedMessageError as error:
+                log.error("not sent to %s: %s", self.peer, error)
+                if isinstance(part, Response) and part.body is not None:
+                    self.send(Response(part.request_id, None, f"the answer was too large: {error}"))
+                continue
+            self._writer.write(frame)
 
     async def request(self, message: Message, timeout_s: float) -> Message:
         """Ask the peer: its handler's response. Raises TimeoutError, RequestFailedError (the

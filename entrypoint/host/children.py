@@ -95,6 +95,9 @@ class ChildProcess:
         self._rank = rank
         self._process: subprocess.Popen[bytes] | None = None
         self._output: Stream | None = None
+        # Its output's end waited for once (a grandchild holding the pipe would make every
+        # later poll wait again).
+        self._output_waited = False
 
     def start(self) -> None:
         env = dict(self._env)
@@ -134,9 +137,10 @@ class ChildProcess:
         if self._process is None:
             return None
         code = self._process.poll()
-        if code is not None and self._output is not None:
-            # Its last lines written (and read) first: the failure may quote them.
+        if code is not None and self._output is not None and not self._output_waited:
+            # Its last lines read first: the failure may quote them.
             self._output.done.wait(timeout=5)
+            self._output_waited = True
         # A child killed by a signal reports -N; a shell would say 128 + N (Horovod's rule).
         return None if code is None else (128 - code if code < 0 else code)
 
@@ -151,17 +155,20 @@ class ChildProcess:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self._process.pid, signum)
 
-    def end(self, wait_s: float = KILL_WAIT_S) -> None:
-        """SIGTERM to the group, `wait_s` for the child, then SIGKILL to the group."""
+    def end(self, wait_s: float = KILL_WAIT_S, *, reap_s: float | None = None) -> None:
+        """SIGTERM to the group, `wait_s` for the child (0: none, SIGKILL at once), then
+        SIGKILL to the group; then wait for the child to be reaped (up to `reap_s`: a killed
+        process no longer matters, and the host's exit need not wait for the kernel)."""
         if self._process is None:
             return
-        if self._process.poll() is None:
+        if self._process.poll() is None and wait_s > 0:
             self.signal_group(signal.SIGTERM)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self._process.wait(wait_s)
         # What is left of the group (children that outlived it) goes too.
         self.signal_group(signal.SIGKILL)
-        self._process.wait()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self._process.wait(reap_s)
 
     def lines(self) -> tuple[str, ...]:
         """Its own last lines (untagged)."""

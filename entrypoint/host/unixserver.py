@@ -5,12 +5,16 @@ host's entry point (ranks.py)."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import socket
 import socketserver
+import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
+
+log = logging.getLogger("entrypoint")
 
 # How often serve_forever checks for `close`: shutdown() waits up to this long, and every
 # host's exit waits for its servers (socketserver's default, 0.5 s, showed in every job's end).
@@ -28,11 +32,15 @@ class PrivateUnixServer:
             def handle(self) -> None:
                 handle(self.request)
 
+        class Server(socketserver.ThreadingUnixStreamServer):
+            def handle_error(self, request: object, client_address: object) -> None:
+                # One line in the log (socketserver's default prints a traceback on stderr).
+                error = sys.exc_info()[1]
+                log.warning("%s: a connection's handler failed: %r", name, error)
+
         # Bind, make the socket 0600, only then listen: no connection before the mode is set, and
         # no process-wide umask flipped while other threads create files.
-        self._server = socketserver.ThreadingUnixStreamServer(
-            str(path), Handler, bind_and_activate=False
-        )
+        self._server = Server(str(path), Handler, bind_and_activate=False)
         try:
             self._server.server_bind()
             os.chmod(path, 0o600)

@@ -23,6 +23,7 @@ from types import MappingProxyType
 from entrypoint.contract import Backend
 from entrypoint.host.activity import HostWatch
 from entrypoint.host.children import ChildProcess
+from entrypoint.host.rank_output import OutputPump, OutputWriter
 from entrypoint.job import JobShape, ProcessesLaunch
 from entrypoint.launches.mpi.parts import mpi_part
 from entrypoint.launches.mpi.plan import MpiLaunch, mpi_launch
@@ -157,7 +158,15 @@ LAUNCHES: Mapping[Backend, LaunchKind] = MappingProxyType(
 PROGRAM_HOST = Backend.PER_HOST
 
 
-def local_part(kind: Backend, launch: Launch, *, is_master: bool, host: str) -> LocalPart:
+def local_part(
+    kind: Backend,
+    launch: Launch,
+    *,
+    is_master: bool,
+    host: str,
+    output: OutputWriter | None = None,
+) -> LocalPart:
     """This host's part of the job: the part of the launch kind that built `launch`, with this
-    host's watch (log pump, rank progress, stacks)."""
-    return LAUNCHES[kind].part(launch, is_master, host, HostWatch(host))
+    host's watch (log pump, rank progress, stacks), its lines through `output` (else stdout)."""
+    pump = OutputPump(host, 1 if output is None else output)
+    return LAUNCHES[kind].part(launch, is_master, host, HostWatch(host, pump))

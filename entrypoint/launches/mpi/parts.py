@@ -62,6 +62,12 @@ _FIRST_FAILED = re.compile(r"Process name:\s*\[\[\d+,\d+\],(\d+)\]")
 # How long the master waits for the failed rank's last error line (a worker reports it over the
 # channel as soon as the rank's output ends, which is before mpirun notices its exit).
 RANK_ERROR_WAIT_S = 2.0
+# When the part ends, mpirun's group is killed at once (no SIGTERM first) and reaped within
+# this bound: by then the channel has told every worker (each ends its own orted and ranks) and
+# the registry kills this host's ranks, so mpirun's own abort (it tells every daemon, and
+# segfaults in PMIx_Finalize doing so) adds nothing; at 64 hosts on a loaded 2-core machine its
+# SIGTERM, wait and reaping took 3 to 5 s of the master's exit.
+MPIRUN_REAP_S = 1.0
 
 
 def first_failed_rank(mpirun_lines: Sequence[str]) -> int | None:
@@ -288,8 +294,10 @@ class MpirunPart(PartBase):
         )
 
     def end(self) -> None:
+        if self._relay is not None:
+            self._relay.ending()
         if self._child is not None:
-            self._child.end()
+            self._child.end(0, reap_s=MPIRUN_REAP_S)
         if self._ranks is not None:
             self._ranks.kill()
 
@@ -307,6 +315,11 @@ class MpirunPart(PartBase):
             error = self.watch.wait_for_error(f"rank {failed}", RANK_ERROR_WAIT_S)
             if error is not None:
                 return exit_failure(exited, f"rank {failed}: {error.line}", error.host)
+            # Its output has not ended (a child of the rank holds its pipe): the last error it
+            # printed so far, where it is this host's rank.
+            seen = self.watch.pump.last_error(f"rank {failed}")
+            if seen is not None:
+                return exit_failure(exited, f"rank {failed}: {seen}", self._host)
         # mpirun's own words (a rank a signal ended: "... exited on signal 9 (Killed)."), else
         # the first error a rank printed.
         line = self._child.error_line() if self._child is not None else None

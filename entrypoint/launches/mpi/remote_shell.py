@@ -70,6 +70,8 @@ _MAX_AGENT_REQUEST_BYTES = 256 * 1024
 # How often a worker looks for its orted's connection to mpirun until it has one (orted
 # usually calls back within a second of its start; nothing is polled after that).
 CALLBACK_POLL_S = 0.05
+# How long a worker's teardown waits for its killed orted to be reaped.
+_FINISH_S = 2.0
 # The master part's exit code when a daemon did not call back in time (mpirun still waits).
 CALLBACK_MISSED_EXIT_CODE = 1
 
@@ -178,15 +180,20 @@ class OrtedSpawner:
         self._spawned = False
         # orted's pid once started: its process group (its own session) is ours to end.
         self._orted: int | None = None
+        # Set once orted is reaped (or could not be): the channel's loop may close after it.
+        self._reaped = threading.Event()
 
     def handlers(self) -> Handlers:
         return {Spawn: self.on_spawn}
 
     def end(self) -> None:
-        """SIGKILL to orted's process group (orted and the ranks it started)."""
+        """SIGKILL to orted's process group (orted and the ranks it started), and a moment for
+        the channel's loop to reap it: a loop closed first leaves asyncio's child watcher
+        warning about it in the log."""
         if self._orted is not None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self._orted, signal.SIGKILL)
+            self._reaped.wait(_FINISH_S)
 
     def on_spawn(
         self, session: Session, message: Message
@@ -241,11 +248,34 @@ class OrtedSpawner:
                     log.info("orted: %s", line.rstrip())
                     tail = (tail + line)[-OUTPUT_TAIL_CHARS:]
             code = await process.wait()
+        except asyncio.CancelledError:
+            # This host's channel is closing (the job is over): orted goes with its group, and
+            # is reaped if it can be in a moment.
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(process.pid, signal.SIGKILL)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(_finish(process), _FINISH_S)
+            raise
         finally:
             watch.cancel()
+            self._reaped.set()
+            # Closed while the loop runs: asyncio has no public close for a process, and the
+            # transport's finalizer would otherwise close it at exit, on a closed loop (a
+            # traceback in every worker's log).
+            transport = getattr(process, "_transport", None)
+            if transport is not None:
+                transport.close()
         log.info("orted ended with code %d", code)
         # A signal death is -N here; ssh reports 128+N, never 0.
         return Spawned(code if code >= 0 else 128 - code, tail)
+
+
+async def _finish(process: asyncio.subprocess.Process) -> None:
+    """Read a killed process' output to its end and reap it."""
+    if process.stdout is not None:
+        while await process.stdout.read(1 << 16):
+            pass
+    await process.wait()
 
 
 def _tcp_connections(pid: int) -> list[Connection]:
@@ -331,11 +361,24 @@ class AgentRelay:
         self._timeout_s = timeout_s
         self._dir = directory
         self.path = self._dir / "agent.sock"
+        # Set once mpirun is being ended: the agents (mpirun's children) and the workers'
+        # sessions going from then on are the teardown, not news.
+        self._ending = threading.Event()
         self._server = PrivateUnixServer(self.path, self._serve_agent, "rsh-relay")
+
+    def ending(self) -> None:
+        """mpirun is being ended (the job's outcome is known): what ends now is expected."""
+        self._ending.set()
 
     def _serve_agent(self, connection: socket.socket) -> None:
         with connection.makefile("rb") as request:
-            connection.sendall(agent_answer(self.answer(request)))
+            answer = self.answer(request)
+            try:
+                connection.sendall(agent_answer(answer))
+            except OSError as error:
+                # The agent is gone (mpirun ended it with its group): nobody waits for this.
+                level = logging.DEBUG if self._ending.is_set() else logging.WARNING
+                log.log(level, "an rsh agent left before its answer (%s)", error.strerror)
 
     def answer(self, stream: Any) -> Spawned:
         host = "?"
@@ -346,10 +389,12 @@ class AgentRelay:
             if not isinstance(answer, Spawned):
                 raise RequestFailedError(f"{type(answer).__name__} is no answer to Spawn")
         except (ValueError, SessionLostError, RequestFailedError, TimeoutError) as error:
-            log.error("no orted on %s: %s", host, error)
+            level = logging.DEBUG if self._ending.is_set() else logging.ERROR
+            log.log(level, "no orted on %s: %s", host, error)
             return Spawned(NOT_RUN_EXIT_CODE, f"{host}: no orted: {error}\n")
         if answer.exit_code != 0:
-            log.error("orted on %s ended with code %d", host, answer.exit_code)
+            level = logging.DEBUG if self._ending.is_set() else logging.ERROR
+            log.log(level, "orted on %s ended with code %d", host, answer.exit_code)
         return answer
 
     def close(self) -> None:

@@ -1,0 +1,127 @@
+"""The log pump and the channel's frames in real clusters (issue 47): a container stdout that
+stops draining holds a flooding rank back without killing it or reading as a stall; a dying
+rank's last partial line reaches the log while a child of its holds the pipe; a stall on 3 hosts
+x 16 ranks delivers every stack without dropping a session. Hosts started as SageMaker starts
+them (harness/cluster.py), the MPI channel launch.
+
+Times on the 2-core test machine (loaded): the flood about 2 to 3 minutes (a 70 s hold), the last
+words under a minute, the 48-rank stall about 2 to 3 minutes.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.test_stall import PROGRAMS as STALL_PROGRAMS
+
+pytestmark = [pytest.mark.docker]
+
+PROGRAMS = Path(__file__).parent / "programs" / "pump"
+# 48 ranks on 2 cores: ranks waiting in MPI yield the CPU instead of spinning (bench/scale.py).
+SHARED_CORES_ENV = {"OMPI_MCA_mpi_yield_when_idle": "1"}
+FLOOD_MB = 100
+LINE = re.compile(rb"^\[algo-1 rank 0\] line (\d{9}) x{984}$")
+# algo-1's stdout is a FIFO read by slow_stdout.py, which copies it to /opt/ml/output/stdout.log.
+SLOW_STDOUT = (
+    "mkfifo /tmp/stdout; "
+    "python /opt/ml/code/slow_stdout.py /tmp/stdout --out /opt/ml/output/stdout.log & "
+    "exec train > /tmp/stdout 2>&1"
+)
+
+
+@pytest.mark.timeout(600)
+def test_a_rank_flooding_a_stdout_that_stops_draining_is_neither_killed_nor_stalled(
+    make_cluster,
+):
+    """Rank 0 prints 100 MB as fast as it can; algo-1's stdout takes nothing for 70 s (more
+    than stall_timeout_seconds=60) after the first 8 MB, then drains slowly. Every host exits
+    0, and every line of the flood is in algo-1's stdout, whole and in order."""
+    cluster = make_cluster(
+        2,
+        hyperparameters={
+            "sagemaker_program": "flood.py",
+            "ranks_per_host": "2",
+            "host_wait_timeout": "120",
+            "stall_timeout_seconds": "60",
+            "flood-mb": str(FLOOD_MB),
+        },
+        code_dir=PROGRAMS,
+        env=SHARED_CORES_ENV,
+        host_commands={"algo-1": ("sh", "-c", SLOW_STDOUT)},
+    )
+    cluster.start()
+    codes = cluster.wait(timeout=480)
+    output = cluster.ml_root("algo-1") / "output"
+    failures = [cluster.failure(host) for host in ("algo-1", "algo-2")]
+    assert codes == {"algo-1": 0, "algo-2": 0} and failures == [None, None], failures
+    assert float((output / "stdout.log.held").read_text()) >= 65
+    numbers = [
+        int(match.group(1))
+        for match in map(LINE.match, (output / "stdout.log").read_bytes().splitlines())
+        if match
+    ]
+    assert numbers == list(range(FLOOD_MB * 1000))
+    log = (output / "stdout.log").read_text(errors="replace")
+    assert "DONE rank=0 sum=6" in log and "exiting with code 0" in log.splitlines()[-1]
+    assert "Stalled" not in log
+
+
+@pytest.mark.timeout(300)
+def test_the_last_partial_line_of_a_dying_rank_whose_child_holds_its_pipe_is_in_the_log(
+    make_cluster,
+):
+    cluster = make_cluster(
+        2,
+        hyperparameters={
+            "sagemaker_program": "flood.py",
+            "ranks_per_host": "2",
+            "host_wait_timeout": "120",
+            "last-words": "true",
+        },
+        code_dir=PROGRAMS,
+    )
+    cluster.start()
+    codes = cluster.wait(timeout=240)
+    assert all(code != 0 for code in codes.values()), cluster.describe()
+    lines = cluster.logs("algo-2").splitlines()
+    last_words = "[algo-2 rank 3] RuntimeError: the last words of rank 3"
+    assert last_words in lines, cluster.describe()
+    exit_line = next(i for i, line in enumerate(lines) if "exiting with code" in line)
+    assert lines.index("[algo-2 rank 3] step 99 loss 0.1") < lines.index(last_words) < exit_line
+
+
+@pytest.mark.timeout(600)
+def test_a_stall_on_3_hosts_of_16_ranks_delivers_every_stack(make_cluster):
+    """Every host's 16 stacks in its log and their frames at the master (no worker dropped for
+    a frame's size: the failure is the stall on every host, naming the hung rank)."""
+    hosts = ("algo-1", "algo-2", "algo-3")
+    cluster = make_cluster(
+        len(hosts),
+        hyperparameters={
+            "sagemaker_program": "hang.py",
+            "ranks_per_host": "16",
+            "host_wait_timeout": "240",
+            "stall_timeout_seconds": "60",
+            "hang": "sleep",
+            "hang-rank": "40",
+            "hang-after": "8",
+        },
+        code_dir=STALL_PROGRAMS,
+        env=SHARED_CORES_ENV,
+    )
+    cluster.start()
+    codes = cluster.wait(timeout=480)
+    assert all(code != 0 for code in codes.values()), cluster.describe()
+    for host in hosts:
+        failure = cluster.failure(host) or ""
+        assert failure.startswith("Stalled: no rank wrote output for "), cluster.describe()
+        assert " algo-3 rank 40 (idle since " in failure, cluster.describe()
+        # The hung rank's frames reached the master from algo-3's StacksDumped.
+        assert "in wait_forever (hang.py:" in failure, cluster.describe()
+        stacked = set(re.findall(rf"^\[{host} rank (\d+)\] stack \(", cluster.logs(host), re.M))
+        first = 16 * hosts.index(host)
+        assert stacked == {str(rank) for rank in range(first, first + 16)}, cluster.describe()
+    assert " lost" not in cluster.logs("algo-1"), cluster.describe()
