@@ -9,6 +9,7 @@ seconds with one line in /opt/ml/output/failure; then read -> plan -> prepare ->
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib.metadata
 import importlib.util
 import logging
@@ -30,9 +31,10 @@ from entrypoint.contract import (
     read_contract,
 )
 from entrypoint.groups import describe_roles
-from entrypoint.host import netif, probes, signals, sshkeys, usercode
+from entrypoint.host import netif, probes, progress, signals, sshkeys, usercode
 from entrypoint.job import format_command
 from entrypoint.plan import JobPlan, launch_lines, make_plan, require_channel
+from entrypoint.restarts import Progress, RestartPolicy
 from smcommon.failure import STOPPED_EXIT_CODE, Failure, Reason, record_failure
 from smcommon.names import (
     BUILTIN_PROGRAM_CHECK,
@@ -194,8 +196,24 @@ def run(env: Mapping[str, str], paths: ContractPaths) -> int:
         host_wait_timeout_s=contract.settings.host_wait_timeout_s,
         sigterm_grace_s=contract.settings.sigterm_grace_s,
         stall_timeout_s=contract.settings.stall_timeout_s,
+        restarts=RestartPolicy(
+            contract.settings.max_restarts, contract.settings.max_restarts_without_progress
+        ),
+        read_progress=_progress_reader(env, paths),
     )
     return supervise.run_host(plan, config, stop, job_key=job_key)
+
+
+def _progress_reader(env: Mapping[str, str], paths: ContractPaths) -> Callable[[], Progress]:
+    """How far the job got on this host (restarts' no-progress guard): the checkpoint folder
+    (SageMaker's, or SM_CHECKPOINT_DIR as the built-in model reads it) and the ranks' steps."""
+    checkpoints = Path(env.get("SM_CHECKPOINT_DIR") or paths.ml_root / "checkpoints")
+    try:
+        progress.prepare(progress.PROGRESS_DIR)
+    except OSError as error:
+        log.warning("no folder for the ranks' steps (%s): checkpoints alone show progress", error)
+        return functools.partial(progress.read_progress, checkpoints, None)
+    return functools.partial(progress.read_progress, checkpoints, progress.PROGRESS_DIR)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

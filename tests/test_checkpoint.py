@@ -3,6 +3,7 @@ rotation; and a real writer process killed (SIGKILL) at many points mid-write.""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -87,7 +88,7 @@ def test_save_then_find_the_newest_complete_step(tmp_path: Path) -> None:
     assert checkpoint.latest(tmp_path / "none") is None
     assert checkpoint.latest(tmp_path) is None
     for step in (10, 20, 30):
-        checkpoint.save(tmp_path, step, lambda folder, s=step: write_files(folder, s), keep=2)
+        checkpoint.save(tmp_path, step, functools.partial(write_files, step=step), keep=2)
     (tmp_path / "tensorboard").mkdir()
     assert checkpoint.latest(tmp_path) == Step(30, tmp_path / "step-00000030")
     assert sorted(path.name for path in tmp_path.iterdir()) == [
@@ -116,7 +117,7 @@ def test_save_then_find_the_newest_complete_step(tmp_path: Path) -> None:
 def test_a_damaged_newest_step_is_skipped_for_the_previous_one(tmp_path: Path, damage: str) -> None:
     """What a partial S3 upload or a killed write leaves: resume takes the step before."""
     for step in (1, 2):
-        checkpoint.save(tmp_path, step, lambda folder, s=step: write_files(folder, s))
+        checkpoint.save(tmp_path, step, functools.partial(write_files, step=step))
     newest = tmp_path / "step-00000002"
     manifest = newest / "MANIFEST.json"
     match damage:

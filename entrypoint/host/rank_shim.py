@@ -42,6 +42,10 @@ HEARTBEAT_FD_ENV = "SM_HVD_HEARTBEAT_FD"
 # host/stacks.STACKS_SIGNAL_ENV: docker/sm_horovod_stacks.pth then has the rank write its
 # stack on SIGUSR2.
 STACKS_SIGNAL_ENV = "SM_HVD_STACKS_ON_SIGUSR2"
+# restarts.RESTART_ATTEMPT_ENV, and torchrun's own count, which torchrun sets to its own
+# restarts (none: the entry point restarts the job with a new torchrun): ours wins there.
+RESTART_ATTEMPT_ENV = "SM_HVD_RESTART_ATTEMPT"
+TORCHELASTIC_RESTART_COUNT_ENV = "TORCHELASTIC_RESTART_COUNT"
 # Exit code when the rank cannot register or its program cannot start (a shell's "not run").
 NOT_RUN_EXIT_CODE = 127
 _REGISTER_TIMEOUT_S = 30.0
@@ -86,6 +90,9 @@ def _register_with_output(path: str) -> None:
     os.set_inheritable(beats_write, True)
     os.environ[HEARTBEAT_FD_ENV] = str(beats_write)
     os.environ[STACKS_SIGNAL_ENV] = "1"
+    attempt = os.environ.get(RESTART_ATTEMPT_ENV, "")
+    if attempt.isdigit() and TORCHELASTIC_RESTART_COUNT_ENV in os.environ:
+        os.environ[TORCHELASTIC_RESTART_COUNT_ENV] = attempt
 
 
 def main(argv: Sequence[str]) -> int:
