@@ -81,8 +81,9 @@ _COMMUNICATION = re.compile(
 )
 # mpirun: "exited on signal 9 (Killed)"; torchrun: "exited with code -9", "Signal 9 (SIGKILL)
 # received"; a per-host program: "exited with code 137" (128 + the signal, as a shell says).
+# Not 143: SIGTERM is what a stop, and a restart's own end of an attempt, send.
 _SIGNAL = re.compile(
-    r"exited on signal \d+|exited with code (?:-\d+|129|1[3-5]\d)\b"
+    r"exited on signal \d+|exited with code (?:-\d+|129|13\d|14[0-24-9]|15\d)\b"
     r"|Signal \d+ \(SIG[A-Z0-9]+\) received"
 )
 

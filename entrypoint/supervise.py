@@ -710,7 +710,8 @@ def _supervise_worker(
             log.info("running: %s", format_command(list(plan.command)))
             part.start()
             started = True
-        code = part.poll()
+        # Not before this attempt's start: after a restart the part still holds the last one's.
+        code = part.poll() if started else None
         if code is not None and not reported:
             log.info("local part ended with code %d; waiting for the master's verdict", code)
             channel.send_exited(code, faults.explain(part.failure(code)))

@@ -232,3 +232,37 @@ def test_a_worker_ends_its_ranks_on_restart_and_starts_on_the_next_start(config,
     assert part.starts == 2
     # Each attempt's exit reported once.
     assert [code for code, _ in channel.sent] == [137, 0]
+
+
+@dataclasses.dataclass
+class StalePart(FakePart):
+    """As a real part: after a restart it still answers the last attempt's code until it
+    starts again (its ChildProcess keeps the ended process)."""
+
+    def reset(self, attempt: int) -> None:
+        self.resets.append(attempt)
+
+    def start(self) -> None:
+        super().start()
+        self.code = None
+
+
+def test_a_worker_never_reports_the_last_attempts_exit_as_the_next_ones(config, clock):
+    part = StalePart(host="algo-2")
+    channel = FakeWorkerChannel(started=True)
+    clock.at(1.0, lambda: setattr(part, "code", 137))
+
+    def restart() -> None:
+        channel.restart_requested = 1
+        channel.started = False
+
+    clock.at(2.0, restart)
+    # The next Start comes late (the master waits for every worker): nothing is reported before.
+    clock.at(5.0, lambda: setattr(channel, "started", True))
+    clock.at(6.0, lambda: setattr(part, "code", 0))
+    clock.at(7.0, lambda: setattr(channel, "verdict", Verdict(0)))
+    code = supervise.run_worker(
+        plan_for(PER_HOST, current="algo-2"), part, channel, config, threading.Event()
+    )
+    assert code == 0
+    assert [code for code, _ in channel.sent] == [137, 0]

@@ -99,6 +99,8 @@ NOT_CURED = [
     "the program exited with code 1",
     "the program exited with code 128",
     "the program exited with code 160",
+    # SIGTERM: a stop's, or the end of an attempt a restart began.
+    "the program exited with code 143",
     "mpirun exited with code 1",
 ]
 
