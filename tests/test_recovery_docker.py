@@ -87,8 +87,12 @@ def assert_restarted_and_finished(cluster: Cluster, world: int, why: str) -> Non
     assert all(cluster.failure(host) is None for host in HOSTS), cluster.describe()
 
 
-def test_a_rank_killed_mid_training_restarts_in_place_and_finishes(make_cluster) -> None:
-    cluster = steps_job(make_cluster)
+@pytest.mark.parametrize("remote_shell", ["channel", "ssh"])
+def test_a_rank_killed_mid_training_restarts_in_place_and_finishes(
+    make_cluster, remote_shell: str
+) -> None:
+    """mpirun's orted started again over the channel (one more Spawn), or over ssh."""
+    cluster = steps_job(make_cluster, mpi_remote_shell=remote_shell)
     cluster.wait_for_log("algo-2", "STEP rank=3 step=12 ", timeout=180)
     kill_rank(cluster, "algo-2", 3)
     assert_restarted_and_finished(cluster, world=4, why="exited on signal 9")
