@@ -42,6 +42,7 @@ from entrypoint.restarts import (
     Attempt,
     Progress,
     RestartPolicy,
+    cure,
     decide,
     final_failure,
     restart_line,
@@ -498,7 +499,9 @@ def _attempts(
         now = config.read_progress()
         failed.append(Attempt(verdict.failure, now.beyond(reached)))
         reached = reached.furthest(now)
-        decision = decide(policy, failed, _outcomes_with(plan, part, channel, config))
+        # Only a failure a restart cures waits for the others: anything else fails fast.
+        seen = _outcomes_with(plan, part, channel, config) if cure(verdict.failure) else []
+        decision = decide(policy, failed, seen)
         if not decision.restart:
             log.warning("not restarting: %s", decision.why)
             if decision.instead is not None:

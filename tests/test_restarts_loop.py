@@ -99,12 +99,14 @@ def test_mpiruns_failure_restarts_without_waiting_for_other_hosts(config, clock)
     assert clock.time < supervise.RESTART_SETTLE_S
 
 
-def test_a_value_error_is_not_restarted(config):
+def test_a_value_error_is_not_restarted(config, clock):
     part = FakePart(code=1)
     channel = FakeMasterChannel(connected_hosts=WORKERS)
     code = supervise.run_master(plan_for(PER_HOST), part, channel, config, threading.Event())
     assert code == 1
     assert channel.restarts == []
+    # At once: only a failure a restart cures waits for the other hosts' outcomes.
+    assert clock.time < supervise.RESTART_SETTLE_S
     assert part.sigterms == []
     assert failure_file(config) == "TrainingFailed: the program exited with code 1 (on algo-1)\n"
 
