@@ -8,12 +8,14 @@ import dataclasses
 import logging
 import threading
 from collections.abc import Iterator
+from typing import cast
 
 import pytest
 
 from entrypoint import supervise
 from entrypoint.channel.protocol import Exited, Verdict
 from entrypoint.restarts import Progress, RestartPolicy
+from entrypoint.stall_monitor import MasterStalls
 from smcommon.failure import Failure, Reason
 from tests.test_entrypoint_supervise import (
     PER_HOST,
@@ -268,3 +270,36 @@ def test_a_worker_never_reports_the_last_attempts_exit_as_the_next_ones(config, 
     )
     assert code == 0
     assert [code for code, _ in channel.sent] == [137, 0]
+
+
+class OneStall:
+    """The master's stall watch (stall_monitor.MasterStalls) that finds one stall at t=5 s."""
+
+    def __init__(self) -> None:
+        self.fired = False
+        self.grace_expirations = 0
+
+    def check(self, now: float) -> Failure | None:
+        if now < 5.0 or self.fired:
+            return None
+        self.fired = True
+        return Failure(Reason.STALLED, "no rank wrote output for 61 s", "algo-2")
+
+    def grace_expired(self) -> None:
+        self.grace_expirations += 1
+
+
+def test_a_stall_ends_every_rank_and_restarts_the_job(config, clock, caplog):
+    caplog.set_level(logging.INFO, logger="entrypoint")
+    part = FakePart(next_codes=[0])
+    channel = FakeMasterChannel(connected_hosts=WORKERS)
+    all_exit_zero_at(clock, channel, 20.0)
+    stalls = cast(MasterStalls, OneStall())
+    code = supervise.run_master(
+        plan_for(PER_HOST), part, channel, config, threading.Event(), stalls=stalls
+    )
+    assert code == 0
+    assert channel.restarts == [1]
+    # The hung ranks got SIGTERM and the grace, then the end, before the next attempt.
+    assert part.sigterms == [30.0]
+    assert "restart 1 of 3 after: Stalled: no rank wrote output for 61 s (on algo-2)" in caplog.text
