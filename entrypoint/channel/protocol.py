@@ -54,7 +54,7 @@ from smcommon.failure import Failure, Reason
 # Sent in every Hello; a master refuses a worker that speaks another version. 2: Hello carries
 # the version; Refused, Request and Response exist. 3: Stop. 4: Fault; the failure reasons
 # OutOfMemory and DiskFull. 5: RankReport, DumpStacks, StacksDumped; the reason Stalled.
-# 6: Ping, Pong; Restart, Restarted.
+# 6: Ping, Pong. (Restart, Restarted are new and not yet counted: one bump at the merge.)
 PROTOCOL_VERSION = 6
 # What a Hello without a version field is: the first protocol, which sent none.
 _UNVERSIONED = 1
