@@ -7,6 +7,7 @@ python -m bench --only serving   # serve vs Flask, KServe, MLServer, a floor (~1
 python -m bench --only strategies  # Horovod vs MultiWorkerMirroredStrategy, and the MWMS fault
 python -m bench --only torch       # our torch backend vs bare torchrun (--torch-image)
 python -m bench --only watchdog    # what stall detection costs a healthy job (off vs default)
+python -m bench --only restart     # a restart in place after a killed rank, beside a fresh start
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from bench.overhead import FaultRun, OverheadRun, measure_fault, measure_overhea
 from bench.pipeline import PipelineResult, measure_pipeline
 from bench.provenance import Provenance, start_measuring
 from bench.report import Results, load_results, write_report
+from bench.restart import RestartResult, measure_restart
 from bench.serving import ServingResult, measure_serving
 from bench.strategies import StrategiesResult, measure_strategies
 from bench.torch_backend import DEFAULT_IMAGE as DEFAULT_TORCH_IMAGE
@@ -52,6 +54,7 @@ MEASUREMENTS = (
     "strategies",
     "torch",
     "watchdog",
+    "restart",
 )
 # Which field of Results each measurement fills (for --only's merge).
 RESULT_FIELDS = {
@@ -65,6 +68,7 @@ RESULT_FIELDS = {
     "strategies": "strategies",
     "torch": "torch_backend",
     "watchdog": "watchdog",
+    "restart": "restart",
 }
 # How long a fault run waits for the surviving hosts: the toolkit's workers poll for the
 # master's status file every 30 s and check the master only every 2 minutes.
@@ -210,6 +214,7 @@ def run(settings: Settings) -> Results:
     strategies: StrategiesResult | None = None
     torch_backend: TorchResult | None = None
     watchdog: WatchdogResult | None = None
+    restart: RestartResult | None = None
     if "serving" not in settings.skip:
         serving = measure("serving", measure_serving, settings.docker, settings.image,
                           quick=settings.quick)  # fmt: skip
@@ -233,6 +238,8 @@ def run(settings: Settings) -> Results:
                 del recorder.sections["torch"]
         if "watchdog" not in settings.skip:
             watchdog = measure("watchdog", measure_watchdog, space, quick=settings.quick)
+        if "restart" not in settings.skip:
+            restart = measure("restart", measure_restart, space, quick=settings.quick)
         if settings.only in {None, "rebuild"}:
             image = measure("rebuild", measure_image, settings.docker, settings.image,
                             space.root, rebuild="rebuild" not in settings.skip)  # fmt: skip
@@ -251,6 +258,7 @@ def run(settings: Settings) -> Results:
         strategies=strategies,
         torch_backend=torch_backend,
         watchdog=watchdog,
+        restart=restart,
         sections=recorder.sections,
     )
 

@@ -25,6 +25,7 @@ from bench.machine import Machine
 from bench.overhead import FaultRun, HostCost, OverheadRun, RankTimes
 from bench.pipeline import PipelineRate, PipelineResult
 from bench.provenance import Provenance, duration_text, provenance_from, provenance_text
+from bench.restart import RestartResult, restart_from_json, restart_lines
 from bench.serving import ServingResult, serving_from_json, serving_goals, serving_lines
 from bench.strategies import StrategiesResult, strategies_from_json, strategies_lines
 from bench.summary import (
@@ -80,6 +81,7 @@ class Results:
     strategies: StrategiesResult | None = None
     torch_backend: TorchResult | None = None
     watchdog: WatchdogResult | None = None
+    restart: RestartResult | None = None
     # Each section's own date, commit, machine, load and duration, by its name in
     # bench.__main__.MEASUREMENTS: `--only NAME` replaces one, the others keep theirs.
     sections: dict[str, Provenance] = dataclasses.field(default_factory=dict)
@@ -405,6 +407,7 @@ def _sections(results: Results) -> list[tuple[str, list[str]]]:
         ("strategies", strategies_lines(results.strategies)),
         ("torch", _torch_lines(results.torch_backend)),
         ("watchdog", watchdog_lines(results.watchdog)),
+        ("restart", restart_lines(results.restart)),
     ]  # fmt: skip
     return [(name, lines) for name, lines in sections if lines]
 
@@ -521,6 +524,7 @@ def load_results(path: Path) -> Results:
         strategies=strategies_from_json(raw.get("strategies")),
         torch_backend=_torch_from(raw.get("torch_backend")),
         watchdog=watchdog_from_json(raw.get("watchdog")),
+        restart=restart_from_json(raw.get("restart")),
         sections={
             name: provenance
             for name, raw_provenance in raw.get("sections", {}).items()

@@ -49,7 +49,9 @@ from entrypoint.host.ranks import RANK_SHIM, RANK_SOCKET_ENV
 from entrypoint.job import JobShape
 from entrypoint.launches.torchrun import torchrun_argv
 from entrypoint.plan import rank_environment
+from entrypoint.restarts import RESTART_ATTEMPT_ENV
 from harness.cluster import Cluster, docker_command
+from smcommon.heartbeat import PROGRESS_DIR_ENV
 
 log = logging.getLogger(__name__)
 
@@ -100,9 +102,11 @@ def floor_command(hosts: Sequence[str], host: str, program_argv: Sequence[str]) 
 def floor_environment(hosts: Sequence[str]) -> dict[str, str]:
     """What our plan adds to every rank's environment, without the SageMaker variables: the
     interface pins (GLOO_SOCKET_IFNAME, ...) and Horovod's defaults (unread by torch); not the
-    rank registry's socket (the floor runs no entry point)."""
+    rank registry's socket, the restart's attempt or the steps' folder (the floor runs no entry
+    point)."""
     env = rank_environment({}, {}, _shape(hosts, hosts[0], ()))
-    env.pop(RANK_SOCKET_ENV)
+    for name in (RANK_SOCKET_ENV, RESTART_ATTEMPT_ENV, PROGRESS_DIR_ENV):
+        env.pop(name)
     return env
 
 

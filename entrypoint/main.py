@@ -9,6 +9,7 @@ seconds with one line in /opt/ml/output/failure; then read -> plan -> prepare ->
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib.metadata
 import importlib.util
 import logging
@@ -30,10 +31,11 @@ from entrypoint.contract import (
     read_contract,
 )
 from entrypoint.groups import describe_roles
-from entrypoint.host import netif, probes, signals, sshkeys, usercode
+from entrypoint.host import job_progress, netif, probes, signals, sshkeys, usercode
 from entrypoint.host.rank_output import DRAIN_S, LogHandler, OutputWriter
 from entrypoint.job import format_command
 from entrypoint.plan import JobPlan, launch_lines, make_plan, require_channel
+from entrypoint.restarts import Progress, RestartPolicy
 from smcommon.failure import STOPPED_EXIT_CODE, Failure, Reason, record_failure
 from smcommon.names import (
     BUILTIN_PROGRAM_CHECK,
@@ -204,8 +206,24 @@ def run(env: Mapping[str, str], paths: ContractPaths, writer: OutputWriter | Non
         host_wait_timeout_s=contract.settings.host_wait_timeout_s,
         sigterm_grace_s=contract.settings.sigterm_grace_s,
         stall_timeout_s=contract.settings.stall_timeout_s,
+        restarts=RestartPolicy(
+            contract.settings.max_restarts, contract.settings.max_restarts_without_progress
+        ),
+        read_progress=_progress_reader(env, paths),
     )
     return supervise.run_host(plan, config, stop, job_key=job_key, output=writer)
+
+
+def _progress_reader(env: Mapping[str, str], paths: ContractPaths) -> Callable[[], Progress]:
+    """How far the job got on this host (restarts' no-progress guard): the checkpoint folder
+    (SageMaker's, or SM_CHECKPOINT_DIR as the built-in model reads it) and the ranks' steps."""
+    checkpoints = Path(env.get("SM_CHECKPOINT_DIR") or paths.ml_root / "checkpoints")
+    try:
+        job_progress.prepare(job_progress.PROGRESS_DIR)
+    except OSError as error:
+        log.warning("no folder for the ranks' steps (%s): checkpoints alone show progress", error)
+        return functools.partial(job_progress.read_progress, checkpoints, None)
+    return functools.partial(job_progress.read_progress, checkpoints, job_progress.PROGRESS_DIR)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

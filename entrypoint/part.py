@@ -53,6 +53,14 @@ class Supervised(Protocol):
         """The failure of a part that ended with `code` (None for success), worded by the part:
         how it exited, its last error line, the host where that happened."""
 
+    def settled(self) -> bool:
+        """After a stop: no training process of the part is left (a restart waits for this,
+        at most the stop's grace, before `end`)."""
+
+    def reset(self, attempt: int) -> None:
+        """After `end`: ready to start the same launch again, as attempt `attempt` (its number
+        in every rank's environment: restarts.attempt_environment)."""
+
 
 class LocalPart(Supervised, Protocol):
     """This host's share of the job: what the loops see, and what the channel needs of it."""
@@ -94,6 +102,9 @@ class PartBase:
 
     def ready_workers(self, connected: frozenset[str], now: float) -> frozenset[str]:
         return connected
+
+    def reset(self, attempt: int) -> None:
+        pass
 
     def close(self) -> None:
         pass

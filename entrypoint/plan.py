@@ -23,10 +23,13 @@ from entrypoint.contract import (
     ShellCommand,
     UserScript,
 )
+from entrypoint.host.job_progress import PROGRESS_DIR
 from entrypoint.host.ranks import RANK_SOCKET_ENV, RANK_SOCKET_PATH
 from entrypoint.job import JobShape, format_command
 from entrypoint.launches import LAUNCHES, PROGRAM_HOST, Launch
 from entrypoint.launches.tf_distribute.layouts import PsLayout
+from entrypoint.restarts import attempt_environment
+from smcommon.heartbeat import PROGRESS_DIR_ENV
 from smcommon.names import JOB_SECRET_ENV, OLD_JOB_SECRET_ENV
 
 # Horovod defaults that make a hang fail loudly: warn after 60 s, shut down after 5 min.
@@ -160,6 +163,9 @@ def rank_environment(
         env.setdefault(name, value)
     # Where a rank started through ranks.RANK_SHIM (mpirun's, torchrun's) registers.
     env[RANK_SOCKET_ENV] = RANK_SOCKET_PATH
+    # Which attempt this is (a restart in place sets the next one's), where beat(step) goes.
+    env.update(attempt_environment(0))
+    env[PROGRESS_DIR_ENV] = str(PROGRESS_DIR)
     for secret in (JOB_SECRET_ENV, OLD_JOB_SECRET_ENV):
         env.pop(secret, None)
     return env

@@ -39,6 +39,15 @@ from entrypoint.job import VerdictRule, format_command
 from entrypoint.launches import local_part
 from entrypoint.part import Supervised
 from entrypoint.plan import JobPlan, summary_line
+from entrypoint.restarts import (
+    Attempt,
+    Progress,
+    RestartPolicy,
+    cure,
+    decide,
+    final_failure,
+    restart_line,
+)
 from entrypoint.stall_monitor import MasterStalls, WorkerStalls
 from smcommon.failure import STOPPED_EXIT_CODE, Failure, Reason, record_failure
 from smcommon.names import MASTER_SILENCE_LINE, WORKER_SILENCE_LINE
@@ -54,6 +63,14 @@ SUSPECT_SILENCE_S = 3.0
 MASTER_ARRIVAL_MARGIN_S = 60.0
 # How long the master waits for the workers to acknowledge the verdict before it exits.
 VERDICT_ACK_TIMEOUT_S = 10.0
+# Before a restart, how long the master waits for the other hosts' outcomes: a rank's own error
+# (not cured by a restart) often reaches the master a moment after its peers' communication
+# errors.
+RESTART_SETTLE_S = 2.0
+# How much longer than the stop's grace the master waits for every worker's Restarted.
+RESTART_MARGIN_S = 30.0
+# What a shell configured without the job's settings does (unit tests of other behaviour).
+NO_RESTARTS = RestartPolicy(max_restarts=0)
 
 
 class JobError(Exception):
@@ -95,6 +112,8 @@ class MasterEnd(Protocol):
     def stop_requested(self) -> str | None: ...
     def start_workers(self) -> None: ...
     def stop_workers(self) -> None: ...
+    def restart_workers(self, attempt: int) -> None: ...
+    def restarted(self, attempt: int) -> frozenset[str]: ...
     def ping(self, timeout_s: float) -> frozenset[str]: ...
     def send_verdict(
         self, verdict: Verdict, timeout_s: float, meanwhile: Callable[[], None] | None = None
@@ -114,7 +133,10 @@ class WorkerEnd(Protocol):
     def verdict(self) -> Verdict | None: ...
     @property
     def lost(self) -> str | None: ...
+    @property
+    def restart_requested(self) -> int | None: ...
 
+    def send_restarted(self, attempt: int) -> None: ...
     def send_exited(self, exit_code: int, failure: Failure | None) -> None: ...
     def send_fault(self, failure: Failure) -> None: ...
     def send_stop(self) -> None: ...
@@ -148,6 +170,10 @@ class ShellConfig:
     clock: Clock = dataclasses.field(default_factory=Clock)
     # The container's memory cgroup (its OOM kills), read on every loop turn.
     read_memory: Callable[[], MemoryCounters] = read_counters
+    # Restarts in place (max_restarts; off unless main passes the job's settings), and how far
+    # the job got (the master's newest checkpoint and beaten step: host/job_progress.py).
+    restarts: RestartPolicy = NO_RESTARTS
+    read_progress: Callable[[], Progress] = Progress
 
 
 # --------------------------------------------------------------------------------------------
@@ -431,6 +457,156 @@ def _supervise_master(
         clock.wait(stop, POLL_INTERVAL_S)
 
 
+def _explained(
+    verdict: Verdict, channel: MasterEnd | None, faults: _FaultWatch, plan: JobPlan
+) -> Verdict:
+    """A failure explained by a fault some host saw (the kernel's OOM killer)."""
+    if verdict.failure is None or verdict.exit_code == 0:
+        return verdict
+    failure = with_fault(verdict.failure, _known_faults(channel, faults), plan.hosts)
+    return Verdict(verdict.exit_code, failure)
+
+
+# --------------------------------------------------------------------------------------------
+# Restarts in place (the rules: restarts.py)
+
+
+def _attempts(
+    plan: JobPlan,
+    part: Supervised,
+    channel: MasterEnd | None,
+    config: ShellConfig,
+    stop: threading.Event,
+    *,
+    faults: _FaultWatch,
+    stalls: MasterStalls | None,
+) -> Verdict:
+    """The job's verdict, over as many attempts as the restart rules allow: an attempt that
+    failed for a cause a restart cures is ended on every host and the same launch starts again
+    on the same hosts; the failure of the last one lists every attempt's cause."""
+    policy = config.restarts
+    failed: list[Attempt] = []
+    reached = config.read_progress()
+    while True:
+        try:
+            verdict = _supervise_master(
+                plan, part, channel, config, stop, faults=faults, stalls=stalls
+            )
+        except JobError as error:
+            verdict = Verdict(error.exit_code, error.failure_on(plan.current_host))
+        verdict = _explained(verdict, channel, faults, plan)
+        if verdict.failure is None or verdict.exit_code == 0 or policy.max_restarts <= 0:
+            return verdict if not failed else _last(verdict, failed)
+        if stop.is_set():
+            return _last(verdict, failed)
+        now = config.read_progress()
+        failed.append(Attempt(verdict.failure, now.beyond(reached)))
+        reached = reached.furthest(now)
+        # Only a failure a restart cures waits for the others: anything else fails fast.
+        seen = _outcomes_with(plan, part, channel, config) if cure(verdict.failure) else []
+        decision = decide(policy, failed, seen)
+        if not decision.restart:
+            log.warning("not restarting: %s", decision.why)
+            if decision.instead is not None:
+                # The cause a restart does not cure is the job's failure.
+                failed[-1] = Attempt(decision.instead, failed[-1].progressed)
+            return Verdict(verdict.exit_code, final_failure(failed))
+        log.warning("%s", restart_line(decision.number, policy, verdict.failure))
+        try:
+            _restart(plan, part, channel, config, stop, attempt=decision.number)
+        except JobError as error:
+            failed.append(Attempt(error.failure_on(plan.current_host), False))
+            return Verdict(error.exit_code, final_failure(failed))
+
+
+def _last(verdict: Verdict, failed: list[Attempt]) -> Verdict:
+    """The verdict of the last attempt after earlier ones failed: its failure lists them."""
+    if verdict.failure is None or verdict.exit_code == 0:
+        return verdict
+    return Verdict(verdict.exit_code, final_failure([*failed, Attempt(verdict.failure, False)]))
+
+
+def _outcomes_with(
+    plan: JobPlan, part: Supervised, channel: MasterEnd | None, config: ShellConfig
+) -> list[Failure]:
+    """Every host's failure seen with the one that decided (where hosts report their own: not
+    mpirun's), after up to RESTART_SETTLE_S for the hosts that have not reported yet."""
+    if part.verdict is VerdictRule.MASTER_PART or channel is None:
+        return []
+    clock = config.clock
+    deadline = clock.now() + RESTART_SETTLE_S
+    never = threading.Event()
+    while True:
+        exits = channel.exits()
+        code = part.poll()
+        pending = [h for h in plan.hosts if h != plan.current_host and h not in exits]
+        if (not pending and code is not None) or clock.now() >= deadline or channel.lost():
+            break
+        clock.wait(never, POLL_INTERVAL_S)
+    seen = [exited.failure for exited in exits.values() if exited.failure is not None]
+    own = part.failure(code) if code is not None else None
+    return [*seen, own] if own is not None else seen
+
+
+def _end_attempt(part: Supervised, config: ShellConfig) -> None:
+    """Every training process of this host's part ended: SIGTERM and the stop's grace (to
+    checkpoint), then the part's end (SIGKILL to what is left)."""
+    part.stop(config.sigterm_grace_s)
+    clock = config.clock
+    deadline = clock.now() + config.sigterm_grace_s
+    never = threading.Event()
+    while not part.settled() and clock.now() < deadline:
+        clock.wait(never, POLL_INTERVAL_S)
+    part.end()
+
+
+def _restart(
+    plan: JobPlan,
+    part: Supervised,
+    channel: MasterEnd | None,
+    config: ShellConfig,
+    stop: threading.Event,
+    *,
+    attempt: int,
+) -> None:
+    """End this attempt on every host, then start attempt `attempt` on the same hosts."""
+    if channel is not None:
+        channel.restart_workers(attempt)
+    _end_attempt(part, config)
+    part.reset(attempt)
+    if channel is not None:
+        _wait_restarted(plan, channel, config, stop, attempt)
+        channel.start_workers()
+    log.info("attempt %d: %s", attempt, summary_line(plan))
+    part.start()
+
+
+def _wait_restarted(
+    plan: JobPlan, channel: MasterEnd, config: ShellConfig, stop: threading.Event, attempt: int
+) -> None:
+    """Until every worker ended its ranks (Restarted), or raise: a lost host, a stop, or a
+    worker that did not answer within the grace and RESTART_MARGIN_S."""
+    clock = config.clock
+    timeout_s = config.sigterm_grace_s + RESTART_MARGIN_S
+    deadline = clock.now() + timeout_s
+    while True:
+        lost = channel.lost()
+        if lost:
+            raise _host_lost(lost, plan)
+        missing = [host for host in plan.channel_workers if host not in channel.restarted(attempt)]
+        if not missing:
+            return
+        if stop.is_set() or channel.stop_requested() is not None:
+            raise _stopped("stopped while restarting")
+        if clock.now() >= deadline:
+            raise JobError.of(
+                Reason.HOST_LOST,
+                f"hosts {', '.join(missing)} did not end their ranks for restart {attempt} "
+                f"within {timeout_s:.0f} s",
+            )
+        clock.wait(stop, POLL_INTERVAL_S)
+
+
 def run_master(
     plan: JobPlan,
     part: Supervised,
@@ -460,14 +636,12 @@ def run_master(
                 channel.start_workers()
             log.info("%s", summary_line(plan))
             part.start()
-            verdict = _supervise_master(
-                plan, part, channel, config, stop, faults=faults, stalls=stalls
-            )
         except JobError as error:
-            verdict = Verdict(error.exit_code, error.failure_on(plan.current_host))
-        if verdict.failure is not None and verdict.exit_code != 0:
-            failure = with_fault(verdict.failure, _known_faults(channel, faults), plan.hosts)
-            verdict = Verdict(verdict.exit_code, failure)
+            verdict = _explained(
+                Verdict(error.exit_code, error.failure_on(plan.current_host)), channel, faults, plan
+            )
+        else:
+            verdict = _attempts(plan, part, channel, config, stop, faults=faults, stalls=stalls)
         if verdict.failure is not None:
             log.error("%s", verdict.failure.line)
             # Every host records the failure that won here (a rank's own may have come first).
@@ -524,6 +698,17 @@ def _supervise_worker(
         if channel.lost is not None:
             part.end()
             raise JobError.of(Reason.MASTER_LOST, channel.lost)
+        attempt = channel.restart_requested
+        if attempt is not None and not stop.is_set():
+            log.warning(
+                "the master restarts the job (attempt %d): ending this host's ranks", attempt
+            )
+            _end_attempt(part, config)
+            part.reset(attempt)
+            started = not part.starts_on_start
+            reported = not part.reports_exit
+            channel.send_restarted(attempt)
+            continue
         fault = faults.check()
         if fault is not None:
             # At once: under mpirun the master only sees the rank's exit.
@@ -533,7 +718,8 @@ def _supervise_worker(
             log.info("running: %s", format_command(list(plan.command)))
             part.start()
             started = True
-        code = part.poll()
+        # Not before this attempt's start: after a restart the part still holds the last one's.
+        code = part.poll() if started else None
         if code is not None and not reported:
             log.info("local part ended with code %d; waiting for the master's verdict", code)
             channel.send_exited(code, faults.explain(part.failure(code)))

@@ -1,10 +1,11 @@
 """Checkpoint folders: `<checkpoint dir>/epoch-000003/` holding the weights and `state.json`.
 
 A folder appears under its final name only once complete (written under a hidden temporary
-name, then renamed): SageMaker uploads the checkpoint dir to S3 while the job runs and copies
-it back on a restart (managed spot training), so a half-written checkpoint must never look
-like the latest one. TensorFlow is not imported here: the caller passes the function that
-writes the weights.
+name, then renamed), with a manifest of its files' sizes and checksums written last
+(smcommon.checkpoint): SageMaker uploads the checkpoint dir to S3 while the job runs and copies
+it back on a restart (managed spot training), so a half-written or half-uploaded checkpoint
+must never look like the latest one. TensorFlow is not imported here: the caller passes the
+function that writes the weights.
 
 A full disk (ENOSPC) while writing is DiskFullError, which names the checkpoint and the one
 that is kept: the half-written folder is removed and the older checkpoints stay, so the next
@@ -23,9 +24,12 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from smcommon import checkpoint as step_folders
+
 STATE_FILE = "state.json"
 # The TensorFlow checkpoint prefix inside a checkpoint folder.
 WEIGHTS_PREFIX = "weights"
+_PREFIX = "epoch"
 _NAME = re.compile(r"epoch-(\d{6,})")
 
 
@@ -83,15 +87,22 @@ def checkpoint_epoch(name: str) -> int | None:
 
 
 def latest_checkpoint(directory: Path) -> tuple[int, Path] | None:
-    """The complete checkpoint with the most epochs, as (epochs, folder)."""
+    """The complete checkpoint with the most epochs, as (epochs, folder): its manifest matches
+    its files (a partial upload, a missing or truncated file is skipped)."""
     if not directory.is_dir():
         return None
-    found: list[tuple[int, Path]] = []
-    for entry in directory.iterdir():
-        epoch = checkpoint_epoch(entry.name)
-        if epoch is not None and (entry / STATE_FILE).is_file():
-            found.append((epoch, entry))
-    return max(found, default=None)
+    found = sorted(
+        (
+            (epoch, entry)
+            for entry in directory.iterdir()
+            if (epoch := checkpoint_epoch(entry.name)) is not None
+        ),
+        reverse=True,
+    )
+    for epoch, entry in found:
+        if step_folders.verify(entry) is not None and (entry / STATE_FILE).is_file():
+            return epoch, entry
+    return None
 
 
 def read_state(folder: Path) -> dict[str, Any]:
@@ -129,11 +140,14 @@ def _write(
     state: Mapping[str, Any],
 ) -> None:
     directory.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=directory))
+    holder = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=directory))
+    # Under the checkpoint's own name, so its manifest names its epoch.
+    staging = holder / target.name
+    staging.mkdir()
     try:
         write_weights(str(staging / WEIGHTS_PREFIX))
         (staging / STATE_FILE).write_text(json.dumps(dict(state), indent=1), encoding="utf-8")
-        staging.chmod(0o755)  # mkdtemp creates 0700
+        step_folders.commit(staging, _PREFIX)
         if target.exists():
             # Same epoch again (stopped mid-epoch after a resume): swap, so that some complete
             # checkpoint exists at every instant.
@@ -145,15 +159,9 @@ def _write(
             os.replace(staging, target)
     finally:
         # A failed write (a full disk) leaves nothing half-written behind.
-        if staging.exists():
-            shutil.rmtree(staging)
+        shutil.rmtree(holder, ignore_errors=True)
 
 
 def _prune(directory: Path, keep: int) -> None:
-    complete = sorted(
-        (epoch, entry)
-        for entry in directory.iterdir()
-        if (epoch := checkpoint_epoch(entry.name)) is not None
-    )
-    for _, entry in complete[:-keep] if keep > 0 else complete:
-        shutil.rmtree(entry, ignore_errors=True)
+    """All but the newest `keep` complete checkpoints go, never the newest complete one."""
+    step_folders.rotate(directory, keep, _PREFIX)

@@ -4,5 +4,7 @@ Dependency-free (the standard library only) and importing none of those packages
 run one way: `entrypoint`, `model` and `serve` each import this, never each other's internals.
 - `names`: environment variables, backend values, exit codes, log lines that tools read;
 - `failure`: a failure as a value and the failure file (/opt/ml/output/failure);
-- `pipoutput`: what pip's output says went wrong (script mode and serve's requirements.txt).
+- `pipoutput`: what pip's output says went wrong (script mode and serve's requirements.txt);
+- `checkpoint`, `heartbeat`: for user scripts too (shipped in the image): checkpoints a restart
+  can trust, and a rank's "still progressing".
 """

@@ -9,8 +9,13 @@ in that loop, or once per batch or epoch:
     from smcommon.heartbeat import beat
     beat()
 
-Standard library only, cheap (one non-blocking 1-byte write), safe anywhere: outside a job
-started by this image's entry point (no SM_HVD_HEARTBEAT_FD) it does nothing.
+`beat(step)` also says how far the rank got: a restart in place is only worth another when
+the job made progress since the last one (a newer complete checkpoint, or a higher step beaten
+on the master's host; docs/recovery.md).
+
+Standard library only, cheap (one non-blocking 1-byte write; with a step, one small file
+replaced), safe anywhere: outside a job started by this image's entry point (no
+SM_HVD_HEARTBEAT_FD, no SM_HVD_PROGRESS_DIR) it does nothing.
 """
 
 from __future__ import annotations
@@ -23,6 +28,9 @@ import stat
 # (entrypoint/rank_shim.py for ranks started by mpirun or torchrun, the part itself for the
 # processes it starts).
 HEARTBEAT_FD_ENV = "SM_HVD_HEARTBEAT_FD"
+# The folder where each rank leaves the last step it beat, one file per process (set by the
+# entry point; entrypoint/restarts.py reads it).
+PROGRESS_DIR_ENV = "SM_HVD_PROGRESS_DIR"
 
 
 def heartbeat_value(fd: int) -> str:
@@ -30,8 +38,10 @@ def heartbeat_value(fd: int) -> str:
     return f"{fd}:{os.fstat(fd).st_ino}"
 
 
-def beat() -> None:
-    """One heartbeat; never blocks, never raises."""
+def beat(step: int | None = None) -> None:
+    """One heartbeat, and the step this rank reached where given; never blocks, never raises."""
+    if step is not None:
+        _record_step(step)
     fd_text, _, inode_text = os.environ.get(HEARTBEAT_FD_ENV, "").partition(":")
     if not (fd_text.isdigit() and inode_text.isdigit()):
         return
@@ -47,3 +57,16 @@ def beat() -> None:
             return
         os.set_blocking(fd, False)
         os.write(fd, b".")
+
+
+def _record_step(step: int) -> None:
+    folder = os.environ.get(PROGRESS_DIR_ENV, "")
+    if not folder:
+        return
+    target = os.path.join(folder, str(os.getpid()))
+    # A reader never sees half a number: a whole file, renamed over the last one.
+    with contextlib.suppress(OSError, ValueError):
+        temporary = f"{target}.tmp"
+        with open(temporary, "w", encoding="ascii") as stream:
+            stream.write(str(int(step)))
+        os.replace(temporary, target)

@@ -151,6 +151,7 @@ CONSTANTS = (
     Constant("docs/torch.md", "10 minutes for NCCL", "torch's NCCL timeout"),
     Constant("docs/torch.md", "30 minutes everywhere", "torch's generic default timeout"),
     Constant("docs/torch.md", "within 10 s", "the torch tests' fail-fast bound"),
+    Constant("docs/recovery.md", "up to 2 s", "entrypoint/supervise.py's RESTART_SETTLE_S"),
 )
 
 

@@ -72,6 +72,8 @@ def test_hyperparameters_are_decoded_and_split():
             "host_wait_timeout": "30",
             "sigterm_grace_seconds": "15.5",
             "stall_timeout_seconds": "0",
+            "max_restarts": "0",
+            "max_restarts_without_progress": 5,
             "sagemaker_region": '"us-east-1"',
             "flag": "true",
             "raw": "not json",
@@ -87,6 +89,8 @@ def test_hyperparameters_are_decoded_and_split():
     assert contract.settings.host_wait_timeout_s == 30.0
     assert contract.settings.sigterm_grace_s == 15.5
     assert contract.settings.stall_timeout_s == 0.0
+    assert contract.settings.max_restarts == 0
+    assert contract.settings.max_restarts_without_progress == 5
     assert contract.all_hyperparameters["epochs"] == 3
     assert isinstance(contract.program, BuiltinProgram)
 
@@ -97,6 +101,8 @@ def test_defaults_without_optional_files():
     assert contract.settings.ranks_per_host is None
     assert contract.settings.host_wait_timeout_s == 300.0
     assert contract.settings.stall_timeout_s == 600.0
+    assert contract.settings.max_restarts == 3
+    assert contract.settings.max_restarts_without_progress == 2
     assert contract.channels == ()
     assert contract.current_instance_type == "local"
 
@@ -146,6 +152,14 @@ def test_channels():
          "stall_timeout_seconds='ten' is not a number of seconds"),
         ({"hyperparameters": {"stall_timeout_seconds": "29"}},
          "stall_timeout_seconds='29' is below its floor of 30 s (0 turns it off)"),
+        ({"hyperparameters": {"max_restarts": "-1"}},
+         "hyperparameter max_restarts='-1' is not a whole number (0 turns it off)"),
+        ({"hyperparameters": {"max_restarts": "2.5"}},
+         "hyperparameter max_restarts='2.5' is not a whole number (0 turns it off)"),
+        ({"hyperparameters": {"max_restarts": "true"}},
+         "hyperparameter max_restarts='true' is not a whole number (0 turns it off)"),
+        ({"hyperparameters": {"max_restarts_without_progress": "0"}},
+         "hyperparameter max_restarts_without_progress='0' is not a whole number >= 1"),
         ({"hyperparameters": {"bad name": "1"}}, "'bad name' is not a valid name"),
         ({"hyperparameters": {"sagemaker_program": '"/abs/train.py"'}},
          "must be relative to the submit directory"),

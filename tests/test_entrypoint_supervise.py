@@ -73,15 +73,27 @@ class FakePart:
     started: bool = False
     ended: bool = False
     sigterms: list[float] = dataclasses.field(default_factory=list)
+    # Restarts: the attempts it was reset for; the codes of the attempts after the first.
+    resets: list[int] = dataclasses.field(default_factory=list)
+    next_codes: list[int | None] = dataclasses.field(default_factory=list)
+    starts: int = 0
 
     def ready_workers(self, connected: frozenset[str], now: float) -> frozenset[str]:
         return connected
 
     def start(self) -> None:
         self.started = True
+        self.starts += 1
 
     def poll(self) -> int | None:
         return self.code
+
+    def settled(self) -> bool:
+        return True
+
+    def reset(self, attempt: int) -> None:
+        self.resets.append(attempt)
+        self.code = self.next_codes.pop(0) if self.next_codes else None
 
     def stop(self, grace_s: float) -> None:
         self.sigterms.append(grace_s)
@@ -122,6 +134,8 @@ class FakeMasterChannel:
     # The workers that answer a Ping (none by default: the settle then waits as it always could).
     answering: frozenset[str] = frozenset()
     pings: list[float] = dataclasses.field(default_factory=list)
+    restarts: list[int] = dataclasses.field(default_factory=list)
+    starts: int = 0
 
     def connected(self) -> frozenset[str]:
         return self.connected_hosts
@@ -149,6 +163,15 @@ class FakeMasterChannel:
 
     def start_workers(self) -> None:
         self.started = True
+        self.starts += 1
+
+    def restart_workers(self, attempt: int) -> None:
+        self.restarts.append(attempt)
+        # The workers answer at once; what they reported of the last attempt is forgotten.
+        self.reported.clear()
+
+    def restarted(self, attempt: int) -> frozenset[str]:
+        return self.connected_hosts if attempt in self.restarts else frozenset()
 
     def ping(self, timeout_s: float) -> frozenset[str]:
         self.pings.append(timeout_s)
@@ -175,6 +198,12 @@ class FakeWorkerChannel:
     faults_sent: list[Failure] = dataclasses.field(default_factory=list)
     stops_sent: int = 0
     longest_silence_s: float = 0.5
+    restart_requested: int | None = None
+    restarted: list[int] = dataclasses.field(default_factory=list)
+
+    def send_restarted(self, attempt: int) -> None:
+        self.restarted.append(attempt)
+        self.restart_requested = None
 
     def send_fault(self, failure: Failure) -> None:
         self.faults_sent.append(failure)

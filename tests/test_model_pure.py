@@ -266,6 +266,16 @@ def test_incomplete_checkpoints_are_ignored(tmp_path: Path) -> None:
     assert latest_checkpoint(tmp_path) == (1, tmp_path / "epoch-000001")
 
 
+def test_a_partly_uploaded_checkpoint_is_skipped(tmp_path: Path) -> None:
+    """A truncated weights file or a missing state file (an S3 copy cut short) does not count:
+    the manifest written last says what a complete checkpoint holds."""
+    for epoch in (1, 2, 3):
+        save_checkpoint(tmp_path, epoch, fake_weights, {"epoch": epoch}, keep=3)
+    (tmp_path / "epoch-000003" / "weights.index").write_text("", encoding="utf-8")
+    (tmp_path / "epoch-000002" / STATE_FILE).unlink()
+    assert latest_checkpoint(tmp_path) == (1, tmp_path / "epoch-000001")
+
+
 def test_a_failed_write_leaves_no_trace(tmp_path: Path) -> None:
     def failing(prefix: str) -> str:
         raise OSError("disk full")

@@ -50,6 +50,8 @@ def hang_cluster_with(
         hyperparameters={
             "sagemaker_program": "hang.py",
             "stall_timeout_seconds": str(TIMEOUT_S),
+            # A stall is restarted by default (docs/recovery.md); these tests end at the first.
+            "max_restarts": "0",
             **MPI,
             **hyperparameters,
         },

@@ -26,6 +26,8 @@ def test_a_sleeping_torchrun_rank_ends_the_job_named_with_its_stack(make_cluster
             "sagemaker_torch_distributed_enabled": "true",
             "sagemaker_program": "hang.py",
             "stall_timeout_seconds": str(TIMEOUT_S),
+            # A stall is restarted by default (docs/recovery.md); this test ends at the first.
+            "max_restarts": "0",
             "host_wait_timeout": "120",
             "hang": "sleep",
             "hang-rank": "1",

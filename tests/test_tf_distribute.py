@@ -202,6 +202,8 @@ def test_a_ps_server_killed_fails_every_host(make_cluster, docker, mnist_npy):
             "sagemaker_program": "mnist_custom.py",
             "model_dir": "/opt/ml/model/ckpt",
             "epochs": "1000",
+            # A killed process is restarted by default (docs/recovery.md): fail fast here.
+            "max_restarts": "0",
         },
         code_dir=AWS_PS_DIR,
         channels={"training": mnist_npy},

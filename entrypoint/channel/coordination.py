@@ -42,6 +42,8 @@ from entrypoint.channel.protocol import (
     Ping,
     ProtocolError,
     Refused,
+    Restart,
+    Restarted,
     Start,
     Stop,
     Verdict,
@@ -116,12 +118,15 @@ class MasterChannel:
         self._verdict_sent = False
         # The first worker that said the job is stopping (Stop), if any.
         self._stop_from: str | None = None
+        # The attempt each worker is ready for (Restarted).
+        self._restarted: dict[str, int] = {}
         self._thread = LoopThread("channel")
         own: Handlers = {
             Exited: self._on_exited,
             Fault: self._on_fault,
             Ack: self._on_ack,
             Stop: self._on_stop,
+            Restarted: self._on_restarted,
         }
         listening = serve(
             port=port,
@@ -190,6 +195,16 @@ class MasterChannel:
     def stop_workers(self) -> None:
         """Tell every worker the job is stopping: each forwards SIGTERM to its ranks."""
         self._thread.call(lambda: self._broadcast(Stop()))
+
+    def restart_workers(self, attempt: int) -> None:
+        """Tell every worker to end this attempt and get ready for `attempt` (Restart)."""
+        self._thread.call(lambda: self._broadcast(Restart(attempt)))
+
+    def restarted(self, attempt: int) -> frozenset[str]:
+        """The workers ready for `attempt` (their Restarted came; their earlier exits and
+        faults are forgotten)."""
+        with self._lock:
+            return frozenset(host for host, ready in self._restarted.items() if ready == attempt)
 
     def ping(self, timeout_s: float) -> frozenset[str]:
         """Ask every connected worker at once whether it is there (Ping, which it answers after
@@ -325,6 +340,15 @@ class MasterChannel:
         if first:
             log.error("%s reports: %s", session.peer, message.failure.line)
 
+    def _on_restarted(self, session: Session, message: Restarted) -> None:
+        with self._lock:
+            # The last attempt's outcome on this host came before this (one connection, in
+            # order): none of it may decide the next attempt.
+            self._exits.pop(session.peer, None)
+            self._faults.pop(session.peer, None)
+            self._restarted[session.peer] = message.attempt
+        log.info("%s is ready for attempt %d", session.peer, message.attempt)
+
     def _on_ack(self, session: Session, _message: Ack) -> None:
         with self._changed:
             self._acked.add(session.peer)
@@ -390,6 +414,7 @@ class WorkerChannel:
             Stop: self._on_stop,
             Verdict: self._on_verdict,
             Refused: self._on_refused,
+            Restart: self._on_restart,
         }
         self._handlers = _merge(own, handlers)
         self._catalog = catalog
@@ -397,6 +422,8 @@ class WorkerChannel:
         self._connected = False
         self._started = False
         self._stop_requested = False
+        # The attempt the master asked this host to restart for, until it answered.
+        self._restart: int | None = None
         self._verdict: Verdict | None = None
         self._lost: str | None = None
         self._session: Session | None = None
@@ -420,6 +447,12 @@ class WorkerChannel:
         """The master said the job is stopping."""
         with self._lock:
             return self._stop_requested
+
+    @property
+    def restart_requested(self) -> int | None:
+        """The attempt the master asked for (Restart), until `send_restarted` answered it."""
+        with self._lock:
+            return self._restart
 
     @property
     def verdict(self) -> Verdict | None:
@@ -448,6 +481,13 @@ class WorkerChannel:
     def send_stop(self) -> None:
         """Tell the master this host is stopping (it got SIGTERM)."""
         self._thread.call(lambda: self._send(Stop()))
+
+    def send_restarted(self, attempt: int) -> None:
+        """This host's ranks of the last attempt are gone: ready for `attempt`."""
+        with self._lock:
+            if self._restart == attempt:
+                self._restart = None
+        self._thread.call(lambda: self._send(Restarted(attempt)))
 
     def send(self, message: Message) -> None:
         """A message of a feature's to the master (dropped while not connected)."""
@@ -531,6 +571,12 @@ class WorkerChannel:
     def _on_stop(self, _session: Session, _message: Stop) -> None:
         with self._lock:
             self._stop_requested = True
+
+    def _on_restart(self, _session: Session, message: Restart) -> None:
+        with self._lock:
+            # The next attempt starts on the master's next Start, not on the last one's.
+            self._started = False
+            self._restart = message.attempt
 
     def _on_verdict(self, session: Session, message: Verdict) -> None:
         with self._lock:

@@ -16,6 +16,8 @@ One TCP connection per worker, opened by the worker to the master:
     worker -> master   Exited {code, failure}             |  (a failure: {reason,
     master -> worker   Verdict {code, failure}            |   message, host} or null)
     worker -> master   Ack                               /
+    master -> worker   Restart {attempt}: end this attempt's ranks; Restarted {attempt} back;
+                       the next attempt starts on the next Start
     both ways          Request {id, body} -> Response {id, body | error}
     worker -> master   RankReport {samples, errors} every REPORT_INTERVAL_S, and when a rank's
                        output ended on an error line (the stall rule, the failure's last error)
@@ -53,7 +55,7 @@ from smcommon.failure import Failure, Reason
 # the version; Refused, Request and Response exist. 3: Stop. 4: Fault; the failure reasons
 # OutOfMemory and DiskFull. 5: RankReport, DumpStacks, StacksDumped; the reason Stalled.
 # 6: Ping, Pong. 7: StacksDumped's strings table; a RankReport of any number of ranks, its
-# errors over several reports where one frame cannot hold them.
+# errors over several reports where one frame cannot hold them; Restart, Restarted.
 PROTOCOL_VERSION = 7
 # What a Hello without a version field is: the first protocol, which sent none.
 _UNVERSIONED = 1
@@ -362,6 +364,43 @@ class Ack(Message):
 
     TYPE = "ack"
     TRAVELS = frozenset({Direction.TO_MASTER})
+
+
+def _attempt(value: object) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ProtocolError(f"attempt {value!r} is not a positive integer")
+    return value
+
+
+@dataclasses.dataclass(frozen=True)
+class Restart(Message):
+    """Master to worker: a fault a restart cures (restarts.py) ended this attempt: end every
+    rank here (SIGTERM, the stop's grace, then SIGKILL), answer Restarted, and start attempt
+    `attempt` on the master's next Start."""
+
+    TYPE = "restart"
+    TRAVELS = frozenset({Direction.TO_WORKER})
+
+    attempt: int
+
+    @classmethod
+    def from_json(cls, fields: Fields, catalog: Catalog) -> Self:
+        return cls(_attempt(fields.get("attempt")))
+
+
+@dataclasses.dataclass(frozen=True)
+class Restarted(Message):
+    """Worker to master: this host's ranks of the last attempt are gone; ready for `attempt`.
+    Anything the worker sent of the last attempt (Exited, Fault) came before it."""
+
+    TYPE = "restarted"
+    TRAVELS = frozenset({Direction.TO_MASTER})
+
+    attempt: int
+
+    @classmethod
+    def from_json(cls, fields: Fields, catalog: Catalog) -> Self:
+        return cls(_attempt(fields.get("attempt")))
 
 
 # How often a worker reports its ranks' activity (the stall rule ages each report meanwhile).
@@ -689,6 +728,7 @@ def catalog(*types: type[Message]) -> dict[str, type[Message]]:
 MESSAGES: tuple[type[Message], ...] = (
     Hello, Refused, Heartbeat, Start, Stop, Fault, Exited, Verdict, Ack, Request, Response,
     RankReport, DumpStacks, StacksDumped, Ping, Pong,
+    Restart, Restarted,
 )  # fmt: skip
 CATALOG: Catalog = catalog(*MESSAGES)
 

@@ -31,6 +31,10 @@ SIGTERM_GRACE_SECONDS = "sigterm_grace_seconds"
 # Seconds without output from any rank, with some rank making no progress, after which the job
 # is ended as stalled (entrypoint/stall.py); 0 turns stall detection off.
 STALL_TIMEOUT_SECONDS = "stall_timeout_seconds"
+# Restarts in place of a job whose fault a restart cures (entrypoint/restarts.py); 0: off. And
+# how many restarts in a row may make no progress before the job fails.
+MAX_RESTARTS = "max_restarts"
+MAX_RESTARTS_WITHOUT_PROGRESS = "max_restarts_without_progress"
 # How mpirun starts orted on the workers: RemoteShell below.
 MPI_REMOTE_SHELL = "mpi_remote_shell"
 # Seconds the channel launch waits for every worker's orted to call back to mpirun (which has
@@ -47,6 +51,8 @@ ENTRYPOINT_HYPERPARAMETERS = (
     HOST_WAIT_TIMEOUT,
     SIGTERM_GRACE_SECONDS,
     STALL_TIMEOUT_SECONDS,
+    MAX_RESTARTS,
+    MAX_RESTARTS_WITHOUT_PROGRESS,
     MPI_REMOTE_SHELL,
     ORTED_CALLBACK_TIMEOUT,
     PS_LAYOUT,
@@ -118,6 +124,11 @@ DEFAULT_STALL_TIMEOUT_S = 600.0
 # Below this the rule would judge on too little: workers report every 5 s, a suspicion is
 # confirmed for 6 s, the threads' CPU is kept over 20 s (entrypoint/host/progress.py).
 MIN_STALL_TIMEOUT_S = 30.0
+# docs/recovery.md: 3 as NVIDIA's ft_launcher examples and HyperPod's auto-resume; a restart
+# costs seconds where a new job costs the provisioning and the downloads again.
+DEFAULT_MAX_RESTARTS = 3
+# A fault that recurs before any new checkpoint or step: the second such restart ends the job.
+DEFAULT_MAX_RESTARTS_WITHOUT_PROGRESS = 2
 
 _CHANNEL_NAME = re.compile(r"^[A-Za-z0-9.\-_]{1,64}$")
 _HYPERPARAMETER_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]*$")
@@ -235,6 +246,9 @@ class EntrypointSettings:
     sigterm_grace_s: float = DEFAULT_SIGTERM_GRACE_S
     # stall_timeout_seconds; 0: off.
     stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S
+    # max_restarts (0: off), max_restarts_without_progress.
+    max_restarts: int = DEFAULT_MAX_RESTARTS
+    max_restarts_without_progress: int = DEFAULT_MAX_RESTARTS_WITHOUT_PROGRESS
     backend: Backend = Backend.MPI
     # sagemaker_mpi_custom_mpi_options, split as a shell would; appended to mpirun's options.
     custom_mpi_options: tuple[str, ...] = ()

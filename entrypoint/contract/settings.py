@@ -12,10 +12,14 @@ from typing import Any
 
 from entrypoint.contract import (
     DEFAULT_HOST_WAIT_TIMEOUT_S,
+    DEFAULT_MAX_RESTARTS,
+    DEFAULT_MAX_RESTARTS_WITHOUT_PROGRESS,
     DEFAULT_SIGTERM_GRACE_S,
     DEFAULT_STALL_TIMEOUT_S,
     HOST_WAIT_TIMEOUT,
     LOG_LEVEL_PARAM,
+    MAX_RESTARTS,
+    MAX_RESTARTS_WITHOUT_PROGRESS,
     MIN_STALL_TIMEOUT_S,
     MPI_CUSTOM_OPTIONS_PARAM,
     MPI_PROCESSES_PER_HOST_PARAM,
@@ -66,6 +70,17 @@ def _seconds_or_off(name: str, raw: Any, *, floor: float = 0.0) -> float:
             f"hyperparameter {name}={text!r} is below its floor of {floor:.0f} s (0 turns it off)"
         )
     return number
+
+
+def _count(hyperparameters: Mapping[str, Any], name: str, default: int, *, least: int) -> int:
+    """A whole number of at least `least` (max_restarts: 0 turns restarts off)."""
+    if name not in hyperparameters:
+        return default
+    text = hyperparameter_text(hyperparameters[name]).strip()
+    if not text.isdigit() or int(text) < least:
+        kind = "a whole number (0 turns it off)" if least == 0 else f"a whole number >= {least}"
+        raise ContractError(f"hyperparameter {name}={text!r} is not {kind}")
+    return int(text)
 
 
 def _requested_ranks_per_host(hyperparameters: Mapping[str, Any]) -> int | None:
@@ -162,6 +177,13 @@ def parse_entrypoint_settings(hyperparameters: Mapping[str, Any]) -> EntrypointS
             )
             if STALL_TIMEOUT_SECONDS in hyperparameters
             else DEFAULT_STALL_TIMEOUT_S
+        ),
+        max_restarts=_count(hyperparameters, MAX_RESTARTS, DEFAULT_MAX_RESTARTS, least=0),
+        max_restarts_without_progress=_count(
+            hyperparameters,
+            MAX_RESTARTS_WITHOUT_PROGRESS,
+            DEFAULT_MAX_RESTARTS_WITHOUT_PROGRESS,
+            least=1,
         ),
         backend=backend,
         custom_mpi_options=_custom_mpi_options(hyperparameters),

@@ -129,6 +129,10 @@ class ChildProcess:
             fd, self._label, pid=self._process.pid if self._rank else None, beats_fd=beats_read
         )
 
+    def update_env(self, values: Mapping[str, str]) -> None:
+        """Variables for its next start (a restart's attempt number)."""
+        self._env.update(values)
+
     @property
     def running(self) -> bool:
         return self._process is not None and self._process.poll() is None

@@ -47,6 +47,10 @@ STACKS_DIR_ENV = "SM_HVD_STACKS_DIR"
 # which the stall rule would read as its progress.
 # The entry point makes it 0700 and uses it only if it is its own (HostWatch.start).
 STACKS_DIR = "/dev/shm/sm-horovod-stacks"  # noqa: S108 - checked as above
+# restarts.RESTART_ATTEMPT_ENV, and torchrun's own count, which torchrun sets to its own
+# restarts (none: the entry point restarts the job with a new torchrun): ours wins there.
+RESTART_ATTEMPT_ENV = "SM_HVD_RESTART_ATTEMPT"
+TORCHELASTIC_RESTART_COUNT_ENV = "TORCHELASTIC_RESTART_COUNT"
 # Exit code when the rank cannot register or its program cannot start (a shell's "not run").
 NOT_RUN_EXIT_CODE = 127
 _REGISTER_TIMEOUT_S = 30.0
@@ -93,6 +97,9 @@ def _register_with_output(path: str) -> None:
     # variable never writes into a pipe of its own that took the number.
     os.environ[HEARTBEAT_FD_ENV] = f"{beats_write}:{os.fstat(beats_write).st_ino}"
     os.environ[STACKS_DIR_ENV] = os.environ.get(STACKS_DIR_ENV) or STACKS_DIR
+    attempt = os.environ.get(RESTART_ATTEMPT_ENV, "")
+    if attempt.isdigit() and TORCHELASTIC_RESTART_COUNT_ENV in os.environ:
+        os.environ[TORCHELASTIC_RESTART_COUNT_ENV] = attempt
 
 
 def main(argv: Sequence[str]) -> int:

@@ -167,6 +167,11 @@ class RankRegistry:
             rank.process.send(signum)
         return len(live)
 
+    def forget_signal(self) -> None:
+        """A restart: the ranks that register from now on are the next attempt's, not stopped."""
+        with self._lock:
+            self._sent = None
+
     def live(self) -> int:
         """How many registered ranks have not ended yet."""
         return len(self.live_ranks())

@@ -13,6 +13,7 @@ from entrypoint.host.children import ChildProcess
 from entrypoint.host.ranks import RANK_SOCKET_ENV, RankRegistry
 from entrypoint.job import HostProcess, JobShape, ProcessesLaunch, VerdictRule
 from entrypoint.part import PartBase, exit_failure
+from entrypoint.restarts import attempt_environment
 from smcommon.failure import Failure
 
 log = logging.getLogger("entrypoint")
@@ -101,6 +102,15 @@ class ProgramPart(PartBase):
         return exit_failure(
             f"the program exited with code {code}", self._child.error_line(), self._host
         )
+
+    def settled(self) -> bool:
+        return self.poll() is not None and (self._ranks is None or self._ranks.live() == 0)
+
+    def reset(self, attempt: int) -> None:
+        self._paused = False
+        self._child.update_env(attempt_environment(attempt))
+        if self._ranks is not None:
+            self._ranks.forget_signal()
 
     def close(self) -> None:
         if self._ranks is not None:

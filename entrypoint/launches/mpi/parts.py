@@ -46,6 +46,7 @@ from entrypoint.launches.mpi.remote_shell import (
 )
 from entrypoint.launches.mpi.rsh_agent import AGENT_SOCKET_ENV
 from entrypoint.part import Ask, PartBase, exit_failure
+from entrypoint.restarts import attempt_environment
 from smcommon.failure import Failure, Reason
 
 log = logging.getLogger("entrypoint")
@@ -301,6 +302,22 @@ class MpirunPart(PartBase):
         if self._ranks is not None:
             self._ranks.kill()
 
+    def settled(self) -> bool:
+        mpirun_done = self._child is None or self._child.poll() is not None
+        return mpirun_done and (self._ranks is None or self._ranks.live() == 0)
+
+    def reset(self, attempt: int) -> None:
+        """A fresh mpirun for the next attempt (its -x list forwards the attempt's number),
+        with a fresh call-back deadline."""
+        self._env.update(attempt_environment(attempt))
+        self._child = None
+        self._started_at = None
+        self._late = ()
+        self._all_in = False
+        self._callbacks.reset()
+        if self._ranks is not None:
+            self._ranks.forget_signal()
+
     def failure(self, code: int) -> Failure | None:
         if code == 0:
             return None
@@ -399,6 +416,17 @@ class OrtedPart(PartBase):
 
     def failure(self, code: int) -> Failure | None:
         return None
+
+    def settled(self) -> bool:
+        return self._ranks is None or self._ranks.live() == 0
+
+    def reset(self, attempt: int) -> None:
+        """The next attempt's mpirun starts orted here again (the channel launch: one more
+        Spawn; ssh: sshd's next session)."""
+        if self._spawner is not None:
+            self._spawner.reset()
+        if self._ranks is not None:
+            self._ranks.forget_signal()
 
     def close(self) -> None:
         if self._sshd is not None:

@@ -195,6 +195,11 @@ class OrtedSpawner:
                 os.killpg(self._orted, signal.SIGKILL)
             self._reaped.wait(_FINISH_S)
 
+    def reset(self) -> None:
+        """A restart (after `end`): the next attempt's mpirun may start one orted here."""
+        self._spawned = False
+        self._orted = None
+
     def on_spawn(
         self, session: Session, message: Message
     ) -> Spawned | Coroutine[Any, Any, Spawned]:
@@ -331,6 +336,11 @@ class OrtedCallbacks:
     def called_back(self) -> frozenset[str]:
         with self._lock:
             return frozenset(self._hosts)
+
+    def reset(self) -> None:
+        """A restart: the next mpirun's daemons call back anew."""
+        with self._lock:
+            self._hosts.clear()
 
 
 def parse_agent_request(line: bytes) -> tuple[str, tuple[str, ...]]:

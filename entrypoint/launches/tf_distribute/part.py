@@ -13,6 +13,7 @@ from entrypoint.host.activity import HostWatch
 from entrypoint.host.children import ChildProcess
 from entrypoint.job import VerdictRule
 from entrypoint.part import PartBase, exit_failure
+from entrypoint.restarts import attempt_environment
 from smcommon.failure import Failure
 
 log = logging.getLogger("entrypoint")
@@ -90,6 +91,14 @@ class TaskGroupPart(PartBase):
             time.sleep(0.05)
         for task in self._tasks.values():
             task.end(wait_s=0)
+
+    def settled(self) -> bool:
+        return not any(task.running for task in self._tasks.values())
+
+    def reset(self, attempt: int) -> None:
+        self._failed = None
+        for task in self._tasks.values():
+            task.update_env(attempt_environment(attempt))
 
     def failure(self, code: int) -> Failure | None:
         if code == 0:
