@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import binascii
 import dataclasses
+import functools
 import json
 import re
 from collections.abc import Mapping, Sequence
@@ -53,6 +54,16 @@ class SignatureSpec:
     outputs: Mapping[str, TensorSpec]
     # The SignatureDef's method_name: tensorflow/serving/predict, .../classify, .../regress.
     method: str = "tensorflow/serving/predict"
+
+    @functools.cached_property
+    def batch_free(self) -> bool:
+        """Whether every input's first dimension is free (unknown, or of unknown rank): the
+        only signatures whose requests may be merged along it. A fixed batch dimension ([1,4])
+        or a scalar input never is."""
+        return all(
+            spec.shape is None or (len(spec.shape) > 0 and spec.shape[0] is None)
+            for spec in self.inputs.values()
+        )
 
 
 def shape_error(name: str, spec: TensorSpec, shape: tuple[int, ...]) -> str | None:
