@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 
+from harness.cluster import docker_command
 from harness.serving import ServeContainer, call, make_models, post
 from tests.conftest import image_name
 
@@ -32,7 +33,7 @@ pytestmark = pytest.mark.docker
 
 AWS_MODELS = Path(__file__).parent / "data" / "aws-tfs"
 JSON = "application/json"
-GENERATED = "mlp,fixed,center,table,signatures,ints,text,slow,hang"
+GENERATED = "mlp,fixed,center,table,signatures,ints,text,slow,hang,tftext"
 # Seconds: the hang test's 504 comes within this (plus the sweep's tenth).
 TIMEOUT_S = 3
 CLIENTS = 32
@@ -50,6 +51,9 @@ def archive(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (out / "expected.json").unlink()
     # AWS's half_plus_three, versions 123 and 124 and a hidden folder discovery must skip.
     shutil.copytree(AWS_MODELS / "models" / "half_plus_three", out / "half_plus_three")
+    # TF Text as a user asks for it; the image has it: pip is not run for it.
+    (out / "code").mkdir()
+    (out / "code" / "requirements.txt").write_text("tensorflow-text==2.14.0\n")
     return out
 
 
@@ -350,3 +354,149 @@ def test_a_call_that_hangs_gets_504_and_the_worker_keeps_serving(server: ServeCo
         status, _, content = post(server, f'{{"instances": [{index}.0]}}'.encode(), JSON, hang)
         assert (status, json.loads(content)) == (200, {"predictions": [2.0 * index]})
     assert "moved to the model thread" in server.logs()
+
+
+# --- custom ops, requirements, the session API ------------------------------------------------
+
+
+def test_a_model_with_tf_text_ops_loads_and_answers(server: ServeContainer) -> None:
+    status, _, content = post(
+        server, json.dumps({"instances": ["HeLLo Wörld"]}).encode(), JSON,
+        attributes("tfs-model-name=tftext"),
+    )  # fmt: skip
+    assert (status, json.loads(content)) == (200, {"predictions": ["hello wörld"]})
+    logs = server.logs()
+    assert "code/requirements.txt: in the image already: tensorflow-text==2.14.0" in logs
+    assert "ops registered from tensorflow_text" in logs
+    assert "installing code/requirements.txt" not in logs
+
+
+def test_a_requirement_that_would_replace_tensorflow_stops_the_start_in_one_line(
+    tmp_path: Path,
+) -> None:
+    """~10 s."""
+    (tmp_path / "1").mkdir()
+    (tmp_path / "1" / "saved_model.pb").write_bytes(b"")
+    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / "requirements.txt").write_text("tensorflow-text\ntensorflow>=2.16\n")
+    container = ServeContainer(os.environ.get("DOCKER", "docker"), image_name(), tmp_path)
+    container.start()
+    try:
+        code, errors = container.failed_start(timeout=90)
+        assert code == 2
+        assert len(errors) == 1, container.logs()
+        assert errors[0].endswith(
+            "cannot serve: code/requirements.txt: 'tensorflow>=2.16' would replace the image's "
+            "tensorflow-cpu 2.14.1, which serve and the image's other packages are built "
+            "against; leave it out or accept 2.14.1"
+        ), errors
+    finally:
+        container.remove()
+
+
+PUBLIC_API = """
+import sys
+from pathlib import Path
+import numpy as np
+from tensorflow.python.client import session
+from serve.tensorflow import model
+del session.BaseSession._make_callable_from_options  # a TF without the private fast path
+registry = model.load_registry(model.scan(Path(sys.argv[1])), timeout_s=5)
+version = registry.models["half_plus_three"].versions[123]
+print(model.callable_api(version.handle))
+# Session.run's feeds: its Python check holds a feed to the placeholder's shape, [-1,1].
+x = np.array([[1.0], [2.0]], np.float32)
+print(version.signatures["serving_default"].call({"x": x})["y"].tolist())
+"""
+
+
+def test_without_the_private_session_api_the_public_one_serves(tmp_path: Path) -> None:
+    """~15 s: the fallback where a TensorFlow lacks Session._make_callable_from_options."""
+    shutil.copytree(AWS_MODELS / "models" / "half_plus_three", tmp_path / "half_plus_three")
+    result = docker_command(
+        os.environ.get("DOCKER", "docker"), "run", "--rm", "-i", "--volume",
+        f"{tmp_path}:/m:ro", "--entrypoint", "python", image_name(), "-c", PUBLIC_API, "/m",
+    )  # fmt: skip
+    lines = result.stdout.strip().splitlines()
+    assert lines[-2:] == ["public", "[[3.5], [4.0]]"], result.stderr
+
+
+# --- a multi-model endpoint: AWS's models, an unload in the middle of a call ------------------
+
+
+def models_call(
+    server: ServeContainer, method: str, path: str, document: object = None
+) -> tuple[int, Any]:
+    body = None if document is None else json.dumps(document).encode()
+    status, _, content = call(server, method, path, body, {"Content-Type": JSON})
+    return status, json.loads(content)
+
+
+def test_multi_model_endpoint_with_aws_models_and_an_unload_mid_call(archive: Path) -> None:
+    """~25 s: AWS's test_multi_model_endpoint.py's half_plus_two/half_plus_three cases, then
+    the hang model unloaded while its call waits: that request is answered 503 at once, the
+    loop keeps answering, the other models too."""
+    models = archive.parent / f"{archive.name}-mme"
+    models.mkdir(exist_ok=True)
+    for source, name in (
+        (AWS_MODELS / "mme" / "half_plus_two", "half_plus_two"),
+        (AWS_MODELS / "models" / "half_plus_three", "half_plus_three"),
+        (archive / "hang", "hang"),
+    ):
+        if not (models / name).exists():
+            shutil.copytree(source, models / name)
+    empty = archive.parent / f"{archive.name}-empty"
+    empty.mkdir(exist_ok=True)
+    container = ServeContainer(
+        os.environ.get("DOCKER", "docker"),
+        image_name(),
+        empty,
+        env={"SAGEMAKER_MULTI_MODEL": "true", "SAGEMAKER_MODEL_SERVER_TIMEOUT": "60"},
+        extra_mounts=((models, "/opt/ml/models"),),
+    )
+    container.start()
+    try:
+        container.wait_ready(timeout=60)
+        for name in ("half_plus_two", "half_plus_three", "hang"):
+            load = {"model_name": name, "url": f"/opt/ml/models/{name}"}
+            assert models_call(container, "POST", "/models", load) == (
+                200,
+                {"success": f"Successfully loaded model {name}"},
+            )
+        invoke = "/models/{}/invoke"
+        body = b'{"instances": [1.0, 2.0, 5.0]}'
+        status, _, content = post(container, body, JSON, path=invoke.format("half_plus_two"))
+        assert (status, json.loads(content)) == (200, {"predictions": [2.5, 3.0, 4.5]})
+        for version in ("123", "124"):
+            status, _, content = post(
+                container, body, JSON, attributes(f"tfs-model-version={version}"),
+                path=invoke.format("half_plus_three"),
+            )  # fmt: skip
+            assert (status, json.loads(content)) == (200, {"predictions": [3.5, 4.0, 5.5]})
+        examples = b'{"signature_name": "regress_x_to_y", "examples": [{"x": 1.0}]}'
+        status, _, content = post(
+            container, examples, JSON, attributes("tfs-method=regress"),
+            path=invoke.format("half_plus_two"),
+        )  # fmt: skip
+        assert (status, json.loads(content)) == (200, {"results": [2.5]})
+        assert len(models_call(container, "GET", "/models")[1]["models"]) == 3
+        with ThreadPoolExecutor(1) as pool:
+            started = time.monotonic()
+            waiting = pool.submit(
+                post, container, b'{"instances": [1000.0]}', JSON, path=invoke.format("hang")
+            )
+            time.sleep(1.0)
+            assert not waiting.done()
+            assert models_call(container, "DELETE", "/models/hang") == (
+                200,
+                {"success": "Successfully unloaded model hang."},
+            )
+            status, _, content = waiting.result(timeout=10)
+            took = time.monotonic() - started
+        assert (status, json.loads(content)) == (503, {"error": "the model was unloaded"})
+        assert took < 5
+        assert container.ping() == 200
+        status, _, content = post(container, body, JSON, path=invoke.format("half_plus_two"))
+        assert (status, json.loads(content)) == (200, {"predictions": [2.5, 3.0, 4.5]})
+    finally:
+        container.remove()

@@ -521,15 +521,3 @@ def test_requirements_leave_out_what_the_image_has_and_refuse_to_replace_tensorf
         "numpy": "1.26.4",
         "tensorflow-cpu": "2.14.1",
     }
-
-
-def test_a_shape_the_signature_cannot_take_is_named() -> None:
-    spec = tfs.TensorSpec("float32", (None, 8))
-    assert tfs.shape_error("x", spec, (5, 8)) is None
-    assert tfs.shape_error("x", tfs.TensorSpec("float32"), (1, 2, 3)) is None
-    assert tfs.shape_error("x", spec, (1, 7)) == (
-        "input 'x' has shape [1,7], but the signature takes [-1,8]"
-    )
-    assert tfs.shape_error("x", spec, (8,)) == (
-        "input 'x' has shape [8], but the signature takes [-1,8]"
-    )

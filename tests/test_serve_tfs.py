@@ -1186,3 +1186,30 @@ def test_stop_answers_the_call_in_the_model_503_without_waiting_for_it() -> None
     assert isinstance(outcome, ServeError)
     assert (outcome.status, str(outcome)) == (503, "the model was unloaded")
     assert stopped_in < 1.0
+
+
+def test_inference_py_and_its_imports_run_before_the_models_load(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What inference.py imports (tensorflow_text, a custom op library) registers its ops
+    before any SavedModel that uses them is loaded."""
+    from serve.tensorflow import runner  # noqa: PLC0415
+
+    order = tmp_path / "order.txt"
+    (tmp_path / "1").mkdir()
+    (tmp_path / "1" / "saved_model.pb").write_bytes(b"")
+    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / "inference.py").write_text(
+        f"with open({str(order)!r}, 'a') as f:\n    f.write('inference.py\\n')\n"
+        "def handler(data, context):\n    return data.read()\n"
+    )
+
+    def load_registry(archive: object, timeout_s: float) -> Registry:
+        with order.open("a") as f:
+            f.write(f"models, deadline {timeout_s:g} s\n")
+        return Registry({}, "model")
+
+    monkeypatch.setattr(runner, "load_registry", load_registry)
+    loaded = runner.load_archive(tmp_path, timeout_s=7)
+    assert loaded.hooks is not None
+    assert order.read_text().splitlines() == ["inference.py", "models, deadline 7 s"]

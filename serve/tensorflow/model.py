@@ -332,10 +332,8 @@ class SessionSignature:
             ]
         except (ValueError, TypeError) as exc:
             raise ServeError(400, one_line(exc)) from None
-        for key, array in zip(self._inputs, arrays, strict=True):
-            problem = tfs.shape_error(key, self.spec.inputs[key], array.shape)
-            if problem is not None:
-                raise ServeError(400, problem)
+        # No shape check against the TensorInfos: TF Serving feeds what the request holds and
+        # lets the graph judge (half_plus_two's TensorInfo says [-1,1]; AWS's suite feeds [3]).
         return arrays
 
     def _outputs_of(self, run: Any, arrays: list[Any], *, inline: bool) -> dict[str, np.ndarray]:

@@ -66,22 +66,6 @@ class SignatureSpec:
         )
 
 
-def shape_error(name: str, spec: TensorSpec, shape: tuple[int, ...]) -> str | None:
-    """Why a tensor of `shape` cannot feed the signature's input `name`, or None when it can
-    (same rank, every known dimension equal): checked before the model runs, so a wrong shape
-    is the request's one-line 400, not an error from deep inside the graph."""
-    if spec.shape is None:
-        return None
-    if len(shape) == len(spec.shape) and all(
-        expected is None or expected == actual
-        for expected, actual in zip(spec.shape, shape, strict=True)
-    ):
-        return None
-    wanted = ",".join("-1" if d is None else str(d) for d in spec.shape)
-    got = ",".join(str(d) for d in shape)
-    return f"input {name!r} has shape [{got}], but the signature takes [{wanted}]"
-
-
 @dataclasses.dataclass(frozen=True)
 class PredictRequest:
     signature_name: str
