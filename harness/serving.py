@@ -370,6 +370,22 @@ if "hang" in wanted:
                 "serving_default": sig.predict_signature_def({"x": x}, {"y": y})})
             builder.save()
 
+if "uninit" in wanted:
+    # A TF1 graph whose lookup table nothing initializes (no init op saved): every call fails
+    # with FailedPrecondition, a model that cannot answer at all.
+    with tf.compat.v1.Graph().as_default():
+        word = tf.compat.v1.placeholder(tf.string, [None], name="word")
+        table = tf.lookup.StaticHashTable(
+            tf.lookup.KeyValueTensorInitializer(["a", "b"], [1, 2], tf.string, tf.int64), -1)
+        ids = table.lookup(word)
+        sig = tf.compat.v1.saved_model
+        with tf.compat.v1.Session() as session:
+            builder = sig.Builder(f"{out}/uninit/1")
+            builder.add_meta_graph_and_variables(session, ["serve"], signature_def_map={
+                "serving_default": sig.predict_signature_def({"word": word}, {"id": ids})},
+                main_op=tf.no_op())
+            builder.save()
+
 if "tftext" in wanted:
     # TF Text's CaseFoldUTF8 op: loads only where tensorflow_text registered it.
     import tensorflow_text

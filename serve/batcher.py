@@ -182,6 +182,33 @@ class Batcher:
         self._wakeup.set()
         return futures
 
+    def run_now(self, piece: Piece) -> tuple[bool, Any]:
+        """With merging off, a piece whose key's calls are known short (and whose input is
+        small) runs here, on the event loop, at once: no queue, no hand-off to the batcher's
+        task and back. (False, None) where it does not: submit it. Nothing may wait in the
+        queue (a request never overtakes one queued before it); a call in the model thread
+        does not hold it back (the session runs both)."""
+        if self._merge or self._waiting or not piece.inline:
+            return False, None
+        recent = self._recent_calls_s.get(piece.key)
+        if recent is None or not runs_inline(
+            recent, piece.count, self._max_batch_size, piece.nbytes
+        ):
+            return False, None
+        try:
+            [result], took_s = self._timed_call(self._run_inline, piece.key, [piece.payload])
+        except NotInline as slow:
+            log.info("model call on %d row(s) moved to the model thread: %s", piece.count, slow)
+            recent.append(float("inf"))
+            return False, None
+        recent.append(took_s)
+        self.stats.calls += 1
+        self.stats.images += piece.count
+        self.stats.largest = max(self.stats.largest, piece.count)
+        if isinstance(result, Failed):
+            raise result.error
+        return True, result
+
     @staticmethod
     async def collect(futures: list[asyncio.Future[Any]]) -> list[Any]:
         """The result of every piece of one request, in request order (one piece, the usual

@@ -152,7 +152,13 @@ def plan_requirements(
     """What of code/requirements.txt pip installs. `installed`: canonical name -> version in
     the image; `pinned`: the image's constraints. ModelError, one line, for a requirement that
     would replace a pinned package (TensorFlow under any of its distribution names)."""
-    from packaging.requirements import InvalidRequirement, Requirement  # noqa: PLC0415
+    try:
+        from packaging.requirements import InvalidRequirement, Requirement  # noqa: PLC0415
+    except ImportError:  # an image without packaging: pip's own copy (pip is always there)
+        from pip._vendor.packaging.requirements import (  # type: ignore[assignment]  # noqa: PLC0415
+            InvalidRequirement,
+            Requirement,
+        )
 
     tensorflow = next(
         ((name, installed[name]) for name in sorted(TENSORFLOW_DISTRIBUTIONS) if name in installed),

@@ -88,7 +88,15 @@ def server(archive: Path) -> Iterator[ServeContainer]:
 
 @pytest.fixture(scope="module")
 def batching_server(archive: Path) -> Iterator[ServeContainer]:
-    container = start(archive, SAGEMAKER_TFS_ENABLE_BATCHING="true")
+    # AWS's container's batching variables (its test_tfs_batching.py sets these four).
+    container = start(
+        archive,
+        SAGEMAKER_TFS_ENABLE_BATCHING="true",
+        SAGEMAKER_TFS_MAX_BATCH_SIZE="16",
+        SAGEMAKER_TFS_BATCH_TIMEOUT_MICROS="500",
+        SAGEMAKER_TFS_NUM_BATCH_THREADS="100",
+        SAGEMAKER_TFS_MAX_ENQUEUED_BATCHES="64",
+    )
     yield container
     container.remove()
 
@@ -292,7 +300,7 @@ def test_with_batching_on_the_fixed_batch_model_still_answers_every_request(
     alone, together = alone_and_together(batching_server, ["fixed", "mlp"])
     assert {status for status, _ in alone} == {200}
     assert together == alone
-    assert "batching on: batches of up to 32" in batching_server.logs()
+    assert "batching on: batches of up to 16, up to 0.5 ms wait" in batching_server.logs()
 
 
 # --- slow calls, calls that hang --------------------------------------------------------------
@@ -390,6 +398,24 @@ def test_a_requirement_that_would_replace_tensorflow_stops_the_start_in_one_line
             "tensorflow-cpu 2.14.1, which serve and the image's other packages are built "
             "against; leave it out or accept 2.14.1"
         ), errors
+    finally:
+        container.remove()
+
+
+def test_a_model_whose_warm_up_fails_stops_the_start_in_one_line(tmp_path: Path) -> None:
+    """~20 s: a lookup table nothing initializes: the warm-up's FailedPrecondition fails the
+    load (not /ping 200 and every request failing)."""
+    docker = os.environ.get("DOCKER", "docker")
+    make_models(docker, image_name(), tmp_path, "uninit")
+    (tmp_path / "expected.json").unlink()
+    container = ServeContainer(docker, image_name(), tmp_path)
+    container.start()
+    try:
+        code, errors = container.failed_start(timeout=120)
+        assert code == 2
+        assert len(errors) == 1, container.logs()
+        assert "/opt/ml/model/uninit/1: signature 'serving_default' fails: " in errors[0]
+        assert "FailedPreconditionError: Table not initialized." in errors[0], errors
     finally:
         container.remove()
 

@@ -1213,3 +1213,31 @@ def test_inference_py_and_its_imports_run_before_the_models_load(
     loaded = runner.load_archive(tmp_path, timeout_s=7)
     assert loaded.hooks is not None
     assert order.read_text().splitlines() == ["inference.py", "models, deadline 7 s"]
+
+
+@pytest.mark.parametrize("merge", [False, True])
+def test_a_known_short_call_runs_at_once_on_the_loop_only_with_merging_off(merge: bool) -> None:
+    where: list[str] = []
+
+    def run(_key: object, payloads: list) -> list:
+        where.append(threading.current_thread().name)
+        return [p * 2 for p in payloads]
+
+    async def scenario() -> list[tuple[bool, object]]:
+        batcher = Batcher(run, max_batch_size=4, max_delay_s=0, max_queued_images=10, merge=merge)
+        batcher.start()
+        try:
+            first = Piece("k", 1, 1)
+            assert batcher.run_now(first) == (False, None)  # nothing measured yet
+            assert await batcher.collect(batcher.submit([first])) == [2]  # the thread
+            return [batcher.run_now(Piece("k", 1, 2)), batcher.run_now(Piece("j", 1, 3))]
+        finally:
+            await batcher.stop()
+
+    outcomes = asyncio.run(scenario())
+    if merge:  # merging needs the queue: never at once
+        assert outcomes == [(False, None), (False, None)]
+        assert len(where) == 1
+    else:
+        assert outcomes == [(True, 4), (False, None)]
+        assert where[1] == threading.current_thread().name

@@ -291,6 +291,34 @@ def callable_api(session: Any) -> str:
     return "private" if hasattr(session, "_make_callable_from_options") else "public"
 
 
+# The HTTP status TF Serving answers for each error of a session run (http_server.cc's
+# ToHTTPStatusCode); any other: 500.
+RUN_ERROR_STATUS = {
+    "InvalidArgumentError": 400,
+    "FailedPreconditionError": 400,
+    "OutOfRangeError": 400,
+    "NotFoundError": 404,
+    "UnimplementedError": 501,
+    "UnavailableError": 503,
+    "ResourceExhaustedError": 429,
+    "AlreadyExistsError": 409,
+    "AbortedError": 409,
+    "UnauthenticatedError": 401,
+    "PermissionDeniedError": 403,
+    "CancelledError": 499,
+}
+
+
+class RunError(ServeError):
+    """A session run's error, with its status as TF Serving answers it; `kind` is the
+    TensorFlow error's type name (a warm-up tells a refusal of its zeros from a model that
+    cannot run)."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(RUN_ERROR_STATUS.get(kind, 500), message)
+        self.kind = kind
+
+
 class SessionSignature:
     """One SignatureDef's calls in a session: feed its inputs' tensors, fetch its outputs, in
     one session run, as TF Serving runs a signature. The fast path for the event loop is made
@@ -344,8 +372,10 @@ class SessionSignature:
                 raise NotInline(f"past {INLINE_DEADLINE_MS} ms on the event loop") from None
             # The request's 504 (app.py), its session run cancelled.
             raise TimeoutError from None
-        except (self._errors.InvalidArgumentError, ValueError, TypeError) as exc:
-            # A value the graph refuses: the request's fault.
+        except self._errors.OpError as exc:
+            raise RunError(type(exc).__name__, one_line(exc)) from None
+        except (ValueError, TypeError) as exc:
+            # A value the session cannot feed: the request's fault.
             raise ServeError(400, one_line(exc)) from None
         return dict(zip(self._outputs, values, strict=True))
 
@@ -430,6 +460,10 @@ def _warm_up(where: Path, name: str, signature: Signature) -> None:
         calls = functools.partial(signature.call, zeros)
     try:
         calls()
+    except RunError as exc:
+        if exc.kind != "InvalidArgumentError":
+            raise ModelError(f"{where}: signature {name!r} fails: {exc}") from None
+        log.info("warm-up of %s signature %r: zeros refused (%s)", where, name, exc)
     except ServeError as exc:
         if exc.status != 400:
             raise ModelError(f"{where}: signature {name!r} fails: {exc}") from None
