@@ -526,3 +526,70 @@ def test_multi_model_endpoint_with_aws_models_and_an_unload_mid_call(archive: Pa
         assert (status, json.loads(content)) == (200, {"predictions": [2.5, 3.0, 4.5]})
     finally:
         container.remove()
+
+
+def test_aws_pre_post_processing_examples_on_half_plus_three(tmp_path: Path) -> None:
+    """~60 s: AWS's test_pre_post_processing.py, its five code/ examples (input_handler and
+    output_handler; handler posting to context.rest_uri; Pillow from requirements.txt, which
+    the image has; code/lib), each beside half_plus_three 123 and 124: one multi-model
+    container, each example a model with its own code/. Its large-input case is
+    test_one_large_csv_request_to_an_idle_server (test_serve_generic_docker.py)."""
+    models = tmp_path / "models"
+    for number in range(1, 6):
+        folder = models / f"test{number}"
+        shutil.copytree(AWS_MODELS / "models" / "half_plus_three", folder)
+        shutil.copytree(AWS_MODELS / "examples" / f"test{number}", folder / "code")
+    (tmp_path / "model").mkdir()
+    container = ServeContainer(
+        os.environ.get("DOCKER", "docker"),
+        image_name(),
+        tmp_path / "model",
+        env={"SAGEMAKER_MULTI_MODEL": "true"},
+        extra_mounts=((models, "/opt/ml/models"),),
+    )
+    container.start()
+    try:
+        container.wait_ready(timeout=120)
+        failures = []
+        for number in range(1, 6):
+            name = f"test{number}"
+            load = {"model_name": name, "url": f"/opt/ml/models/{name}"}
+            assert models_call(container, "POST", "/models", load)[0] == 200, container.logs()
+            invoke = f"/models/{name}/invoke"
+            if number in (4, 5):
+                # Their handler asserts that pip did not install Pillow (code/lib present):
+                # AWS's image lacks it, ours has it (the built-in classifier's PNGs), so the
+                # assertion answers; that it runs proves lib/dummy_module was imported.
+                got, _, content = post(container, b"[1.0]", JSON, path=invoke)
+                if (got, json.loads(content)) != (
+                    500,
+                    {"error": "pillow should not be installed"},
+                ):
+                    failures.append(f"{name}: {got} {content[:200]!r}")
+                continue
+            cases: list[tuple[str, bytes, str, dict[str, str], int, str]] = [
+                ("json", b'{"instances": [1.0, 2.0, 5.0]}', JSON, {}, 200, "3.5"),
+                ("csv", b"1.0,2.0,5.0", "text/csv", {}, 200, "3.5"),
+                ("empty", b"", JSON, {}, 500, "document is empty"),
+                ("unsupported", b"aW1hZ2UgYnl0ZXM=", "unsupported-type", {}, 500,
+                 "unsupported content type unsupported-type"),
+            ]  # fmt: skip
+            cases += [
+                (f"version {v}", b'{"instances": [1.0, 2.0, 5.0]}', JSON,
+                 attributes(f"tfs-model-version={v}"), 200, "3.5")
+                for v in ("123", "124")
+            ]  # fmt: skip
+            for case, body, content_type, headers, status, text in cases:
+                got, _, content = post(container, body, content_type, headers, path=invoke)
+                if got != status or text not in content.decode():
+                    failures.append(f"{name} {case}: {got} {content[:200]!r}")
+                if status == 200 and json.loads(content) != {"predictions": [3.5, 4.0, 5.5]}:
+                    failures.append(f"{name} {case}: {content[:200]!r}")
+        assert failures == []
+        logs = container.logs()
+        assert logs.count("code/requirements.txt skipped: code/lib is present") == 1  # test5
+        # test3's Pillow>=6.2.2 is in the image: pip did not run.
+        assert "code/requirements.txt: in the image already: pillow==" in logs
+        assert "pip: " not in logs
+    finally:
+        container.remove()
