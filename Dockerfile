@@ -199,6 +199,22 @@ RUN --mount=type=cache,target=/root/.cache/pip \
     py-spy --version
 COPY docker/sm_horovod_stacks.pth /opt/venv/lib/python3.11/site-packages/sm_horovod_stacks.pth
 
+# TF Text's ops, as TF Serving links them in: serve imports tensorflow_text before any model
+# loads, so a SavedModel with a tokenizer or text normalizer loads as it does in TF Serving
+# (docs/serve.md). --no-deps: its wheel asks for `tensorflow`, the GPU distribution, which the
+# CPU flavor's tensorflow-cpu already is; tensorflow-hub is what `import tensorflow_text`
+# imports (0.15: the last release before it asks for tf-keras). About 22 MB installed.
+# https://github.com/tensorflow/text#compatibility
+ARG TENSORFLOW_TEXT_VERSION=2.14.0
+ARG TENSORFLOW_HUB_VERSION=0.15.0
+RUN --mount=type=cache,target=/root/.cache/pip \
+    --mount=type=secret,id=ca,target=/etc/ssl/certs/ca-certificates.crt \
+    set -eux; \
+    export PIP_CERT=/etc/ssl/certs/ca-certificates.crt; \
+    pip install --no-deps --only-binary=:all: \
+        "tensorflow-text==${TENSORFLOW_TEXT_VERSION}" "tensorflow-hub==${TENSORFLOW_HUB_VERSION}"; \
+    python -c 'import tensorflow_text'
+
 COPY docker/docker-entrypoint.sh /usr/local/bin/docker-entrypoint.sh
 
 # This repository's code, last: a code-only change rebuilds only this layer.

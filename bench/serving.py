@@ -62,14 +62,23 @@ RUNS, QUICK_RUNS = 3, 1
 CA_BUNDLES = ("/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt",
               "/etc/ssl/cert.pem")  # fmt: skip
 
-# Server names: OURS and BASELINE are spelled as in earlier results, which still load.
-OURS, BASELINE = "serve (uvicorn + dynamic batching)", "Flask + gunicorn sync workers"
+# Server names: BASELINE is spelled as in earlier results, which still load. serve's default
+# is no batching (issue 45); the owner's switch, batching on, is measured beside it. Earlier
+# results, named EARLIER_OURS, always merged requests: they load as the batching-on rows.
+OURS = "serve (uvicorn), default: each request its own call"
+OURS_BATCHING = "serve (uvicorn), batching on"
+EARLIER_OURS = "serve (uvicorn + dynamic batching)"
+BASELINE = "Flask + gunicorn sync workers"
+# What the batching-on server adds to the default's environment.
+BATCHING_ON = (("SAGEMAKER_TFS_ENABLE_BATCHING", "true"),)
 KSERVE, MLSERVER = "KServe 0.15.2", "MLServer 1.6.1"
 FLOOR = "floor: granian 2.8.7, constant body"
 # serve's own app (serve.app:create_app, the same settings) under granian instead of uvicorn:
 # which HTTP server serves it best, measured side by side (issue 36).
 OURS_GRANIAN = "serve's app under granian 2.8.7"
-SERVERS = (OURS, OURS_GRANIAN, BASELINE, KSERVE, MLSERVER, FLOOR)
+SERVERS = (OURS, OURS_BATCHING, OURS_GRANIAN, BASELINE, KSERVE, MLSERVER, FLOOR)
+# serve's own servers: stopped gracefully, so that their drain lines (calls, batches) log.
+OUR_SERVERS = (OURS, OURS_BATCHING)
 MLP, DIGITS, TEXT = "Keras MLP, 8 floats", "digits CNN, one PNG", "string input, one sentence"
 MODELS = (MLP, DIGITS, TEXT)
 # One row of the MLP's 8 features, as predictor.predict(np.array([[...]])) sends it.
@@ -301,6 +310,7 @@ def server_plans() -> dict[str, ServerPlan]:
                 (READY_DIR_ENV, "/tmp/serve-ready"))  # fmt: skip
     return {
         OURS: ServerPlan(OURS, ("serve",), "/ping"),
+        OURS_BATCHING: ServerPlan(OURS_BATCHING, ("serve",), "/ping", BATCHING_ON),
         OURS_GRANIAN: ServerPlan(OURS_GRANIAN, ours_granian, "/ping", ours_env),
         BASELINE: ServerPlan(BASELINE, gunicorn, "/ping"),
         KSERVE: ServerPlan(KSERVE, kserve, "/v1/models/model", peers_env),
@@ -451,7 +461,14 @@ def serving_from_json(raw: dict | None) -> ServingResult | None:
     if raw is None:
         return None
     levels = tuple(
-        LoadLevel(**{**level, "runs_rps": tuple(level.get("runs_rps", ()))})
+        LoadLevel(
+            **{
+                **level,
+                "runs_rps": tuple(level.get("runs_rps", ())),
+                # Measured when serve always merged requests: that is batching on.
+                "server": OURS_BATCHING if level["server"] == EARLIER_OURS else level["server"],
+            }
+        )
         for level in raw["levels"]
     )
     return ServingResult(**{**raw, "levels": levels})
@@ -637,12 +654,12 @@ def measure_model(  # noqa: PLR0917  (one model's parameters)
                 )  # fmt: skip
                 levels.append(level)
         finally:
-            if name == OURS:
+            if name in OUR_SERVERS:
                 # A graceful stop: our server logs its batch statistics once drained.
                 server.stop()
             logs = server.logs()
             server.remove()
-        if name == OURS:
+        if name in OUR_SERVERS:
             drained = [line.split("drained; ", 1)[-1] for line in logs.splitlines()
                        if "drained; served" in line or "drained; gc:" in line]  # fmt: skip
             # Its start-up line: the workers and threads it chose for this machine.
@@ -650,9 +667,9 @@ def measure_model(  # noqa: PLR0917  (one model's parameters)
                        for line in logs.splitlines() if " worker(s) (" in line]  # fmt: skip
             if drained:
                 chose = f" ran {started[0]};" if started else ""
-                note = (f"For the {model}, our server{chose} each worker at drain: "
-                        f"{'; '.join(drained)}.")  # fmt: skip
-    return levels, note
+                note += (f" For the {model}, {name}{chose} each worker at drain: "
+                         f"{'; '.join(drained)}.")  # fmt: skip
+    return levels, note.strip()
 
 
 def post_to(server: ServeContainer, request: Request) -> tuple[int, dict[str, str], bytes]:

@@ -280,14 +280,131 @@ if "half" in wanted:
             })
             builder.save()
 
+def save(module, name, **signatures):
+    tf.saved_model.save(module, f"{out}/{name}/1", signatures=signatures)
+
+if "fixed" in wanted:
+    # A fixed batch dimension, as many exports have (Input(batch_size=1), converted models).
+    class Fixed(tf.Module):
+        @tf.function(input_signature=[tf.TensorSpec([1, 4], tf.float32, name="x")])
+        def serve(self, x):
+            return {"y": x * 3}
+    fixed = Fixed()
+    save(fixed, "fixed", serving_default=fixed.serve)
+
+if "center" in wanted:
+    # An output that depends on the whole batch: what merging requests would change.
+    class Center(tf.Module):
+        @tf.function(input_signature=[tf.TensorSpec([None, 2], tf.float32, name="x")])
+        def serve(self, x):
+            return {"y": x - tf.reduce_mean(x, axis=0, keepdims=True)}
+    center = Center()
+    save(center, "center", serving_default=center.serve)
+
+if "table" in wanted:
+    # A lookup table initialized from a vocabulary asset (the init op, assets/).
+    import os, tempfile
+    vocab = os.path.join(tempfile.mkdtemp(), "vocab.txt")
+    with open(vocab, "w") as f:
+        f.write("\n".join(f"w{i}" for i in range(100)) + "\n")
+    class Table(tf.Module):
+        def __init__(self):
+            initializer = tf.lookup.TextFileInitializer(
+                vocab, tf.string, tf.lookup.TextFileIndex.WHOLE_LINE,
+                tf.int64, tf.lookup.TextFileIndex.LINE_NUMBER)
+            self.table = tf.lookup.StaticHashTable(initializer, -1)
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="word")])
+        def serve(self, word):
+            return {"id": self.table.lookup(word)}
+    table = Table()
+    save(table, "table", serving_default=table.serve)
+    os.remove(vocab)  # served from the SavedModel's own assets/
+
+if "signatures" in wanted:
+    # A tf.Module with a variable and two signatures (signature_name picks one).
+    class Two(tf.Module):
+        def __init__(self):
+            self.scale = tf.Variable(2.0)
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.float32, name="x")])
+        def double(self, x):
+            return {"y": x * self.scale}
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.float32, name="x")])
+        def plus(self, x):
+            return {"y": x + self.scale}
+    two = Two()
+    save(two, "signatures", serving_default=two.double, plus=two.plus)
+
+if "ints" in wanted:
+    class Ints(tf.Module):
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.int64, name="n")])
+        def serve(self, n):
+            return {"square": n * n + 1}
+    ints = Ints()
+    save(ints, "ints", serving_default=ints.serve)
+
+if "slow" in wanted:
+    # A call that takes max(x) seconds (a busy loop on tf.timestamp): x = 2.0 takes 2 s.
+    class Slow(tf.Module):
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.float32, name="x")])
+        def serve(self, x):
+            seconds = tf.cast(tf.reduce_max(x), tf.float64)
+            start = tf.timestamp()
+            [waited] = tf.while_loop(
+                lambda t: t - start < seconds, lambda t: [tf.timestamp()], [start])
+            return {"y": x + tf.cast(0.0 * waited, tf.float32)}
+    slow = Slow()
+    save(slow, "slow", serving_default=slow.serve)
+
+if "hang" in wanted:
+    # A TF1 graph that waits forever on an empty queue when max(x) > 100 (a model blocked on
+    # a resource); any other x: 2x. Only the session's deadline ends that wait.
+    with tf.compat.v1.Graph().as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [None], name="x")
+        queue = tf.queue.FIFOQueue(1, tf.float32, shapes=[[]])
+        extra = tf.cond(tf.reduce_max(x) > 100, queue.dequeue, lambda: tf.constant(0.0))
+        y = x * 2 + extra
+        sig = tf.compat.v1.saved_model
+        with tf.compat.v1.Session() as session:
+            builder = sig.Builder(f"{out}/hang/1")
+            builder.add_meta_graph_and_variables(session, ["serve"], signature_def_map={
+                "serving_default": sig.predict_signature_def({"x": x}, {"y": y})})
+            builder.save()
+
+if "uninit" in wanted:
+    # A TF1 graph whose lookup table nothing initializes (no init op saved): every call fails
+    # with FailedPrecondition, a model that cannot answer at all.
+    with tf.compat.v1.Graph().as_default():
+        word = tf.compat.v1.placeholder(tf.string, [None], name="word")
+        table = tf.lookup.StaticHashTable(
+            tf.lookup.KeyValueTensorInitializer(["a", "b"], [1, 2], tf.string, tf.int64), -1)
+        ids = table.lookup(word)
+        sig = tf.compat.v1.saved_model
+        with tf.compat.v1.Session() as session:
+            builder = sig.Builder(f"{out}/uninit/1")
+            builder.add_meta_graph_and_variables(session, ["serve"], signature_def_map={
+                "serving_default": sig.predict_signature_def({"word": word}, {"id": ids})},
+                main_op=tf.no_op())
+            builder.save()
+
+if "tftext" in wanted:
+    # TF Text's CaseFoldUTF8 op: loads only where tensorflow_text registered it.
+    import tensorflow_text
+    class Fold(tf.Module):
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="text")])
+        def serve(self, text):
+            return {"folded": tensorflow_text.case_fold_utf8(text)}
+    fold = Fold()
+    save(fold, "tftext", serving_default=fold.serve)
+
 with open(f"{out}/expected.json", "w") as f:
     json.dump({"probe": probe.tolist(), **expected}, f)
 """
 
 
 def make_models(docker: str, image: str, out: Path, names: str) -> dict:
-    """Write the named SavedModels (mlp, multi, text, classifier, half) into `out` with the
-    image's TensorFlow; returns expected.json."""
+    """Write the named SavedModels (mlp, multi, text, classifier, half, fixed, center, table,
+    signatures, ints, slow, hang, tftext) into `out` with the image's TensorFlow; returns
+    expected.json."""
     out.mkdir(parents=True, exist_ok=True)
     subprocess.run(
         [docker, "run", "--rm", "-i", "--volume", f"{out}:/out", "--entrypoint", "python",

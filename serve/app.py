@@ -61,7 +61,12 @@ def load_model(settings: Settings) -> Runner:
         return torch_runner.load(settings)
     from serve.tensorflow.runner import compose, load_archive  # noqa: PLC0415
 
-    return compose(load_archive(settings.model_dir, settings.default_model), settings)
+    return compose(
+        load_archive(
+            settings.model_dir, settings.default_model, timeout_s=settings.request_timeout_s
+        ),
+        settings,
+    )
 
 
 def model_loader(settings: Settings) -> ModelLoader:
@@ -77,7 +82,10 @@ def model_loader(settings: Settings) -> ModelLoader:
         hooks.add_lib_to_path(folder, code)
         if code is not None:
             log.info("model %s: hooks from %s", name, code / hooks.SCRIPT)
-        return compose(load_archive(folder, name=name, code=code), settings)
+        return compose(
+            load_archive(folder, name=name, code=code, timeout_s=settings.request_timeout_s),
+            settings,
+        )
 
     return load
 

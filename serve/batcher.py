@@ -22,7 +22,9 @@ from collections.abc import Callable, Hashable
 from typing import Any
 
 from serve.batching import (
+    ESTIMATED_KEYS,
     RECENT_CALLS,
+    Failed,
     Piece,
     expiry_check_s,
     remaining_delay,
@@ -32,8 +34,16 @@ from serve.batching import (
 )
 from serve.errors import ServeError
 
-# Runs one model call: the batch's key and its pieces' payloads -> one result per payload.
+# Runs one model call: the batch's key and its pieces' payloads -> one result per payload (a
+# batching.Failed result fails that payload's request alone).
 Runner = Callable[[Hashable, list[Any]], list[Any]]
+
+
+class NotInline(Exception):  # noqa: N818  (a signal, not a failure)
+    """Raised by an inline runner for a call it will not finish on the event loop (the call was
+    cut at its short deadline, or its fast path is not ready): the batcher runs it in the model
+    thread instead, and counts the key as slow."""
+
 
 log = logging.getLogger(__name__)
 
@@ -89,8 +99,15 @@ class Batcher:
         max_delay_s: float,
         max_queued_images: int,
         request_timeout_s: float | None = None,
+        merge: bool = True,
+        run_inline: Runner | None = None,
     ) -> None:
         self._run_batch = run
+        # The same call on the event loop, with a deadline short enough for the loop (a
+        # session's fast path); NotInline sends it to the thread.
+        self._run_inline = run_inline or run
+        # Whether requests of one key share a model call (the owner's choice: settings.batching).
+        self._merge = merge
         self._max_batch_size = max_batch_size
         self._max_delay_s = max_delay_s
         self._max_queued_images = max_queued_images
@@ -107,8 +124,11 @@ class Batcher:
         # more pieces can pay off.
         self._in_flight = 0
         self._next_request = 0
-        # How long the last model calls took (the call alone): where the next one runs.
-        self._recent_calls_s: collections.deque[float] = collections.deque(maxlen=RECENT_CALLS)
+        # How long the last model calls of each key took (the call alone): where its next one
+        # runs. Oldest key first (forgotten past ESTIMATED_KEYS).
+        self._recent_calls_s: collections.OrderedDict[Hashable, collections.deque[float]] = (
+            collections.OrderedDict()
+        )
         self.stats = BatchStats()
 
     def in_flight(self) -> InFlight:
@@ -129,16 +149,19 @@ class Batcher:
 
     async def stop(self) -> None:
         """After the server drained (or a multi-model endpoint unloaded the model): whatever
-        still waits is refused."""
+        still waits, or is in the model, is refused (503) at once. The model thread is not
+        waited for: a call still running there ends on its own (its session deadline), and its
+        result goes nowhere."""
+        running = list(self._running)
         tasks = [task for task in (self._task, self._expiry) if task is not None]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        while self._waiting:
-            future = self._waiting.popleft().future
-            if not future.done():
-                future.set_exception(ServeError(503, "the model was unloaded"))
-        self._executor.shutdown(wait=True)
+        for waiting in itertools.chain(running, self._waiting):
+            if not waiting.future.done():
+                waiting.future.set_exception(ServeError(503, "the model was unloaded"))
+        self._waiting.clear()
+        self._executor.shutdown(wait=False, cancel_futures=True)
 
     def submit(self, pieces: list[Piece]) -> list[asyncio.Future[Any]]:
         """Queue one request's pieces; their results come through the futures. The bound is
@@ -158,6 +181,33 @@ class Batcher:
         self._queued_images += images
         self._wakeup.set()
         return futures
+
+    def run_now(self, piece: Piece) -> tuple[bool, Any]:
+        """With merging off, a piece whose key's calls are known short (and whose input is
+        small) runs here, on the event loop, at once: no queue, no hand-off to the batcher's
+        task and back. (False, None) where it does not: submit it. Nothing may wait in the
+        queue (a request never overtakes one queued before it); a call in the model thread
+        does not hold it back (the session runs both)."""
+        if self._merge or self._waiting or not piece.inline:
+            return False, None
+        recent = self._recent_calls_s.get(piece.key)
+        if recent is None or not runs_inline(
+            recent, piece.count, self._max_batch_size, piece.nbytes
+        ):
+            return False, None
+        try:
+            [result], took_s = self._timed_call(self._run_inline, piece.key, [piece.payload])
+        except NotInline as slow:
+            log.info("model call on %d row(s) moved to the model thread: %s", piece.count, slow)
+            recent.append(float("inf"))
+            return False, None
+        recent.append(took_s)
+        self.stats.calls += 1
+        self.stats.images += piece.count
+        self.stats.largest = max(self.stats.largest, piece.count)
+        if isinstance(result, Failed):
+            raise result.error
+        return True, result
 
     @staticmethod
     async def collect(futures: list[asyncio.Future[Any]]) -> list[Any]:
@@ -187,14 +237,19 @@ class Batcher:
             # the last call (or parsed this request) join this batch instead of the next. Under
             # load that doubled the rows per call of a small model, and its calls' fixed cost
             # dominates (bench: serving); alone, it costs a request a few microseconds.
+            if not self._merge:
+                return [self._waiting.popleft()]
             await asyncio.sleep(0)
             window = list(itertools.islice(self._waiting, WINDOW))
             keys = [w.piece.key for w in window]
             counts = [w.piece.count for w in window]
-            chosen = select_batch(keys, counts, self._max_batch_size)
+            mergeable = [w.piece.mergeable for w in window]
+            chosen = select_batch(keys, counts, self._max_batch_size, mergeable)
             batch_images = sum(counts[i] for i in chosen)
             waited = time.monotonic() - window[0].arrived
             in_batch = len({window[i].request for i in chosen})
+            if len(chosen) == 1 and not mergeable[0]:
+                break
             if should_dispatch(
                 batch_images,
                 self._max_batch_size,
@@ -213,14 +268,66 @@ class Batcher:
         self._waiting.extendleft(reversed([w for i, w in enumerate(head) if i not in taken]))
         return [w for i, w in enumerate(head) if i in taken]
 
-    def _timed_call(self, key: Hashable, payloads: list[Any]) -> tuple[list[Any], float]:
+    def _timed_call(
+        self, run: Runner, key: Hashable, payloads: list[Any]
+    ) -> tuple[list[Any], float]:
         """One model call and how long it took, wherever it runs."""
         started = time.perf_counter()
-        results = self._run_batch(key, payloads)
+        results = run(key, payloads)
         return results, time.perf_counter() - started
 
-    async def _run(self) -> None:
+    def _timed_alone(self, key: Hashable, payloads: list[Any]) -> tuple[list[Any], float]:
+        """A failed merged call again, request by request: one bad input fails only itself."""
+        started = time.perf_counter()
+        results: list[Any] = []
+        for payload in payloads:
+            try:
+                [result] = self._run_batch(key, [payload])
+            except Exception as exc:  # noqa: BLE001  (this request's own error)
+                result = Failed(exc)
+            results.append(result)
+        return results, time.perf_counter() - started
+
+    def _recent(self, key: Hashable) -> collections.deque[float]:
+        recent = self._recent_calls_s.get(key)
+        if recent is None:
+            recent = self._recent_calls_s[key] = collections.deque(maxlen=RECENT_CALLS)
+            if len(self._recent_calls_s) > ESTIMATED_KEYS:
+                self._recent_calls_s.popitem(last=False)
+        return recent
+
+    async def _call(self, live: list[_Waiting]) -> tuple[list[Any], float]:
+        """The batch's model call: on the event loop when its key's calls are known short and
+        its input small, else (or when the inline call gives up) in the model thread; a failed
+        call of several requests again one request at a time, in the thread."""
         loop = asyncio.get_running_loop()
+        key, payloads = live[0].piece.key, [w.piece.payload for w in live]
+        rows = sum(w.piece.count for w in live)
+        nbytes = sum(w.piece.nbytes for w in live)
+        recent = self._recent(key)
+        if all(w.piece.inline for w in live) and runs_inline(
+            recent, rows, self._max_batch_size, nbytes
+        ):
+            try:
+                return self._timed_call(self._run_inline, key, payloads)
+            except NotInline as slow:
+                # Cut at its short deadline: the key is slow now; the thread takes it.
+                log.info("model call on %d row(s) moved to the model thread: %s", rows, slow)
+                recent.append(float("inf"))
+            except Exception:
+                if len(payloads) == 1:
+                    raise
+                return await loop.run_in_executor(self._executor, self._timed_alone, key, payloads)
+        try:
+            return await loop.run_in_executor(
+                self._executor, self._timed_call, self._run_batch, key, payloads
+            )
+        except Exception:
+            if len(payloads) == 1:
+                raise
+            return await loop.run_in_executor(self._executor, self._timed_alone, key, payloads)
+
+    async def _run(self) -> None:
         while True:
             batch = await self._next_batch()
             # Requests whose client went away are not computed.
@@ -229,16 +336,10 @@ class Batcher:
             if not live:
                 continue
             rows = sum(w.piece.count for w in live)
-            key, payloads = live[0].piece.key, [w.piece.payload for w in live]
             self._running = live
             try:
-                if runs_inline(self._recent_calls_s, rows, self._max_batch_size):
-                    results, took_s = self._timed_call(key, payloads)
-                else:
-                    results, took_s = await loop.run_in_executor(
-                        self._executor, self._timed_call, key, payloads
-                    )
-            except Exception as exc:  # noqa: BLE001  (the model's error goes to every waiter)
+                results, took_s = await self._call(live)
+            except Exception as exc:  # noqa: BLE001  (the model's error goes to its request)
                 log.warning("model call on %d row(s) failed: %s", rows, exc)
                 for w in live:
                     if not w.future.done():
@@ -246,10 +347,14 @@ class Batcher:
                 continue
             finally:
                 self._running = []
-            self._recent_calls_s.append(took_s)
+            self._recent(live[0].piece.key).append(took_s)
             self.stats.calls += 1
             self.stats.images += rows
             self.stats.largest = max(self.stats.largest, rows)
             for w, result in zip(live, results, strict=True):
-                if not w.future.done():
+                if w.future.done():
+                    continue
+                if isinstance(result, Failed):
+                    w.future.set_exception(result.error)
+                else:
                     w.future.set_result(result)

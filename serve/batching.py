@@ -28,18 +28,34 @@ class Piece:
     count: int
     # What the runner concatenates: an (n, H, W, 3) uint8 array, or {input name: tensor}.
     payload: Any
+    # The request bytes this piece stands for: a large one never runs on the event loop.
+    nbytes: int = 0
+    # False: this piece is a model call of its own, never merged with another request's (the
+    # default unless the owner switched batching on; always for a fixed batch dimension).
+    mergeable: bool = True
+    # False: never on the event loop (columnar requests, classify, regress: their cost is not
+    # told by a row count).
+    inline: bool = True
 
 
-def select_batch(keys: Sequence[Hashable], counts: Sequence[int], max_batch_size: int) -> list[int]:
-    """Indices of the waiting pieces for the next call: the oldest piece, then every later piece
-    of its key while the total stays within max_batch_size. Empty when nothing waits."""
+def select_batch(
+    keys: Sequence[Hashable],
+    counts: Sequence[int],
+    max_batch_size: int,
+    mergeable: Sequence[bool] | None = None,
+) -> list[int]:
+    """Indices of the waiting pieces for the next call: the oldest piece, then every later
+    mergeable piece of its key while the total stays within max_batch_size (a piece that is not
+    mergeable goes alone). Empty when nothing waits."""
     if not keys:
         return []
+    if mergeable is not None and not mergeable[0]:
+        return [0]
     first = keys[0]
     chosen = [0]
     total = counts[0]
     for index in range(1, len(keys)):
-        if keys[index] != first:
+        if keys[index] != first or (mergeable is not None and not mergeable[index]):
             continue
         if total + counts[index] > max_batch_size:
             break
@@ -71,19 +87,34 @@ def remaining_delay(oldest_wait_s: float, max_delay_s: float) -> float:
 # than a small model's whole call in a session (bench: serving). Longer calls run in the
 # model thread, so /ping and reading requests never wait on them.
 INLINE_CALL_MAX_S = 0.001
-# How many of the last calls say how long a call takes: their median, so that a call the OS
-# scheduler paused (two workers share the cores) does not send the next ones to the thread,
-# while a model that turned slow is in the thread after a few calls.
+# No recent call of the key may have taken longer than this: one slow call (a cold signature,
+# a new shape, a page-fault storm) sends the next RECENT_CALLS calls to the thread. Above
+# Python's GIL switch interval (5 ms), which a call timed in the thread may include.
+INLINE_CALL_LIMIT_S = 0.02
+# How many of the last calls of one key (model, version, signature, row shape) say how long
+# its next call takes: their median must be short, so that a call the OS scheduler paused a
+# little does not send the next ones to the thread; none may be long (INLINE_CALL_LIMIT_S).
 RECENT_CALLS = 16
+# A batch whose requests' bodies hold more than this never runs on the event loop: a call's
+# cost grows with its input, which a row count does not tell (one columnar row, a 4096-row
+# batch). The same bound as a body decoded in a thread (runner.DECODE_INLINE_MAX_BYTES).
+INLINE_MAX_BYTES = 64 * 1024
+# How many keys keep their recent calls: the oldest key is forgotten past it (its next call
+# is a first call again, in the thread).
+ESTIMATED_KEYS = 1024
 
 
-def runs_inline(recent_calls_s: Sequence[float], rows: int, max_batch_size: int) -> bool:
-    """Whether the next model call runs on the event loop: only once the recent calls were
-    short (the first call, with nothing measured, runs in the thread), and only a batch of at
-    most max_batch_size rows (a large request's runs of many small rows go to the thread)."""
+def runs_inline(
+    recent_calls_s: Sequence[float], rows: int, max_batch_size: int, nbytes: int = 0
+) -> bool:
+    """Whether the next call of one key runs on the event loop: only once that key's recent
+    calls were all short (its first call, with nothing measured, runs in the thread), only a
+    batch of at most max_batch_size rows, and only a small input (INLINE_MAX_BYTES)."""
     return (
         bool(recent_calls_s)
         and rows <= max_batch_size
+        and nbytes <= INLINE_MAX_BYTES
+        and max(recent_calls_s) < INLINE_CALL_LIMIT_S
         and statistics.median(recent_calls_s) < INLINE_CALL_MAX_S
     )
 
@@ -121,8 +152,23 @@ def run_merged(
     merged = {name: np.concatenate([p[name] for p in payloads]) for name in payloads[0]}
     outputs = call(merged)
     if any(np.ndim(value) == 0 or len(value) != sum(counts) for value in outputs.values()):
-        return [call(payload) for payload in payloads]
+        return [call_alone(call, payload) for payload in payloads]
     return [{name: value[rows] for name, value in outputs.items()} for rows in split_rows(counts)]
+
+
+def call_alone(call: Callable[[Any], Any], payload: Any) -> Any:
+    """One request's call, its error as its result (the batcher fails that request only)."""
+    try:
+        return call(payload)
+    except Exception as exc:  # noqa: BLE001  (the model's error belongs to this request)
+        return Failed(exc)
+
+
+@dataclasses.dataclass(frozen=True)
+class Failed:
+    """A result that is one request's error: the batcher fails that request's future with it."""
+
+    error: Exception
 
 
 # A call on rows smaller than this per batch takes this much input instead of max_batch_size

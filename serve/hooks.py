@@ -20,12 +20,15 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import importlib.metadata
 import importlib.util
 import json
 import logging
+import re
 import subprocess
 import sys
-from collections.abc import Callable
+import tempfile
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -107,9 +110,106 @@ def add_lib_to_path(model_dir: Path, code: Path | None = None) -> None:
         sys.path.insert(0, str(lib))
 
 
-def install_requirements(model_dir: Path, code: Path | None = None) -> None:
-    """pip install -r code/requirements.txt into the image's Python; ModelError naming the
-    package pip could not install."""
+# The image's pins (Dockerfile: /opt/requirements): code/requirements.txt installs under them,
+# so a user's package cannot replace the TensorFlow (or numpy, protobuf) serve was built with.
+CONSTRAINTS_DIR = Path("/opt/requirements")
+CONSTRAINTS = {"tensorflow": "constraints.txt", "pytorch": "constraints-torch.txt"}
+# One TensorFlow, whichever distribution the image installed it as.
+TENSORFLOW_DISTRIBUTIONS = frozenset(
+    ("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "tensorflow-intel", "tf-nightly")
+)
+_PIN = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*==\s*([^\s;#]+)")
+
+
+def canonical(name: str) -> str:
+    """PEP 503's normalized name: Tensorflow_Text -> tensorflow-text."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def pins(constraints: str) -> dict[str, str]:
+    """name -> version of every `name==version` line of a constraints file."""
+    found = {}
+    for line in constraints.splitlines():
+        match = _PIN.match(line)
+        if match:
+            found[canonical(match.group(1))] = match.group(2)
+    return found
+
+
+@dataclasses.dataclass(frozen=True)
+class RequirementsPlan:
+    # Lines for pip (options and what the image lacks), in the file's order.
+    install: tuple[str, ...]
+    # What the image already has in a version the line accepts: not given to pip (which would
+    # resolve the package's dependencies again: tensorflow-text on tensorflow-cpu would pull
+    # in the whole GPU `tensorflow` distribution).
+    present: tuple[str, ...]
+
+
+def plan_requirements(
+    text: str, installed: Mapping[str, str], pinned: Mapping[str, str]
+) -> RequirementsPlan:
+    """What of code/requirements.txt pip installs. `installed`: canonical name -> version in
+    the image; `pinned`: the image's constraints. ModelError, one line, for a requirement that
+    would replace a pinned package (TensorFlow under any of its distribution names)."""
+    try:
+        from packaging.requirements import InvalidRequirement, Requirement  # noqa: PLC0415
+    except ImportError:  # an image without packaging: pip's own copy (pip is always there)
+        from pip._vendor.packaging.requirements import (  # type: ignore[assignment]  # noqa: PLC0415
+            InvalidRequirement,
+            Requirement,
+        )
+
+    tensorflow = next(
+        ((name, installed[name]) for name in sorted(TENSORFLOW_DISTRIBUTIONS) if name in installed),
+        ("", ""),
+    )
+    install: list[str] = []
+    present: list[str] = []
+    for raw in text.splitlines():
+        line = raw.split(" #", 1)[0].strip()
+        if not line or line.startswith("#"):
+            continue
+        try:
+            requirement = Requirement(line)
+        except InvalidRequirement:
+            install.append(line)  # an option (-i, -r, -e) or a URL: pip's to read
+            continue
+        if requirement.url or (requirement.marker and not requirement.marker.evaluate()):
+            install.append(line)
+            continue
+        name = canonical(requirement.name)
+        if name in TENSORFLOW_DISTRIBUTIONS and tensorflow[0]:
+            name, version = tensorflow
+        else:
+            version = installed.get(name, "")
+        if version and requirement.specifier.contains(version, prereleases=True):
+            present.append(f"{name}=={version}")
+        elif version and (name in pinned or name == tensorflow[0]):
+            raise ModelError(
+                f"{CODE_DIR}/{REQUIREMENTS}: {line!r} would replace the image's {name} "
+                f"{version}, which serve and the image's other packages are built against; "
+                f"leave it out or accept {version}"
+            )
+        else:
+            install.append(line)
+    return RequirementsPlan(tuple(install), tuple(present))
+
+
+def _installed() -> dict[str, str]:
+    return {
+        canonical(dist.metadata["Name"]): dist.version
+        for dist in importlib.metadata.distributions()
+        if dist.metadata["Name"]
+    }
+
+
+def install_requirements(
+    model_dir: Path, code: Path | None = None, framework: str = "tensorflow"
+) -> None:
+    """pip install -r code/requirements.txt into the image's Python, under the image's
+    constraints, leaving out what the image already has; ModelError naming the package pip
+    could not install, or the pinned one a line would replace."""
     # The reading of pip's output the entry point shares (smcommon, dependency-free).
     from smcommon.pipoutput import failed_requirement, last_error_line  # noqa: PLC0415
 
@@ -121,14 +221,26 @@ def install_requirements(model_dir: Path, code: Path | None = None) -> None:
         # AWS's container: code/lib is what an offline endpoint ships instead of an index.
         log.info("%s/%s skipped: %s/%s is present", CODE_DIR, REQUIREMENTS, CODE_DIR, LIB_DIR)
         return
+    constraints = CONSTRAINTS_DIR / CONSTRAINTS.get(framework, CONSTRAINTS["tensorflow"])
+    pinned = pins(constraints.read_text()) if constraints.is_file() else {}
+    plan = plan_requirements(requirements.read_text(), _installed(), pinned)
+    if plan.present:
+        log.info("%s/%s: in the image already: %s", CODE_DIR, REQUIREMENTS, ", ".join(plan.present))
+    if not any(not line.startswith("-") for line in plan.install):
+        return
     log.info("installing %s/%s", CODE_DIR, REQUIREMENTS)
-    command = [
-        sys.executable, "-m", "pip", "install", "--no-input", "--disable-pip-version-check",
-        "--progress-bar", "off", "-r", str(requirements),
-    ]  # fmt: skip
-    result = subprocess.run(
-        command, capture_output=True, text=True, check=False, stdin=subprocess.DEVNULL
-    )
+    with tempfile.NamedTemporaryFile("w", suffix=".txt", prefix="requirements-") as wanted:
+        wanted.write("\n".join(plan.install) + "\n")
+        wanted.flush()
+        command = [
+            sys.executable, "-m", "pip", "install", "--no-input", "--disable-pip-version-check",
+            "--progress-bar", "off", "-r", wanted.name,
+        ]  # fmt: skip
+        if constraints.is_file():
+            command += ["-c", str(constraints)]
+        result = subprocess.run(
+            command, capture_output=True, text=True, check=False, stdin=subprocess.DEVNULL
+        )
     output = result.stdout + result.stderr
     for line in output.splitlines():
         log.info("pip: %s", line)

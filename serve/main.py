@@ -52,12 +52,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = settings_from_env(os.environ)
         if settings.multi_model:
             # The universal code/requirements.txt, once, before any model's script imports.
-            hooks.install_requirements(settings.models_dir, settings.code_dir)
+            hooks.install_requirements(settings.models_dir, settings.code_dir, settings.framework)
             described = "a multi-model endpoint (no model until POST /models)"
         elif settings.framework == PYTORCH:
             torch_codec.check_model_dir(settings.model_dir, settings.code_dir / settings.program)
             # code/requirements.txt before any worker imports the user's script.
-            hooks.install_requirements(settings.model_dir, settings.code_dir)
+            hooks.install_requirements(settings.model_dir, settings.code_dir, settings.framework)
             described = f"a PyTorch model from {settings.model_dir}"
         else:
             archive = scan(settings.model_dir, settings.default_model)

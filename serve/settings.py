@@ -40,6 +40,10 @@ class Settings:
     port: int = DEFAULT_PORT
     # SAGEMAKER_MODEL_SERVER_WORKERS; None: chosen for the host (workers.py).
     workers: int | None = None
+    # Whether requests share a model call (SAGEMAKER_TFS_ENABLE_BATCHING, as AWS's TF Serving
+    # container; off by default as there and in TF Serving: only the model's owner knows
+    # whether its rows are independent of each other).
+    batching: bool = False
     max_batch_size: int = 32
     max_batch_delay_ms: float = 5.0
     # Images waiting for the model, beyond which requests get 503 instead of queueing forever.
@@ -130,10 +134,36 @@ _CHOICES: tuple[tuple[str, str, tuple[str, ...], Callable[[str], str]], ...] = (
     ("SAGEMAKER_BATCH_STRATEGY", "batch_strategy", BATCH_STRATEGIES, _batch_strategy),
 )
 _FLAGS = (
+    ("SAGEMAKER_TFS_ENABLE_BATCHING", "batching"),
+    ("SM_SERVE_ENABLE_BATCHING", "batching"),
     ("SAGEMAKER_BATCH", "batch_transform"),
     ("SM_SERVE_ACCESS_LOG", "access_log"),
     ("SAGEMAKER_MULTI_MODEL", "multi_model"),
 )
+
+
+# AWS's TF Serving container's batching variables (its batching-config file), each read where
+# serve's own SM_SERVE_* variable is unset: (variable, Settings field, lowest, highest, scale).
+_TFS_BATCHING: tuple[tuple[str, str, int, int, float], ...] = (
+    ("SAGEMAKER_TFS_MAX_BATCH_SIZE", "max_batch_size", 1, 4096, 1),
+    ("SAGEMAKER_TFS_BATCH_TIMEOUT_MICROS", "max_batch_delay_ms", 0, 1_000_000, 1e-3),
+)
+# Batches that may wait, times max_batch_size: the queue bound (max_queued_images).
+TFS_MAX_ENQUEUED_BATCHES = "SAGEMAKER_TFS_MAX_ENQUEUED_BATCHES"
+
+
+def _tfs_batching(env: Mapping[str, str], values: dict[str, object]) -> None:
+    """SAGEMAKER_TFS_MAX_BATCH_SIZE, _BATCH_TIMEOUT_MICROS and _MAX_ENQUEUED_BATCHES as AWS's
+    container reads them, where serve's own variables do not say (those win).
+    SAGEMAKER_TFS_NUM_BATCH_THREADS has no counterpart: one model thread per model."""
+    for name, field, low, high, scale in _TFS_BATCHING:
+        if env.get(name, "").strip() and field not in values:
+            number = _number(env, name, int, low, high)
+            values[field] = number if scale == 1 else number * scale
+    if env.get(TFS_MAX_ENQUEUED_BATCHES, "").strip() and "max_queued_images" not in values:
+        batches = _number(env, TFS_MAX_ENQUEUED_BATCHES, int, 1, 1 << 30)
+        size = int(values.get("max_batch_size", Settings.max_batch_size))  # type: ignore[call-overload]
+        values["max_queued_images"] = min(batches * size, 1 << 20)
 
 
 def _pytorch_code(env: Mapping[str, str]) -> dict[str, object]:
@@ -167,6 +197,7 @@ def settings_from_env(env: Mapping[str, str]) -> Settings:
     for name, field, kind, low, high, multiplier in _NUMBERS:
         if env.get(name, "").strip():
             values[field] = _number(env, name, kind, kind(low), kind(high)) * multiplier
+    _tfs_batching(env, values)
     for name, field, allowed, normalize in _CHOICES:
         if env.get(name, "").strip():
             value = normalize(env[name].strip())
@@ -180,7 +211,7 @@ def settings_from_env(env: Mapping[str, str]) -> Settings:
             values[field] = value
     for name, field in _FLAGS:
         if name in env:
-            values[field] = _flag(env, name)
+            values[field] = _flag(env, name) or bool(values.get(field))
     if framework == PYTORCH and values.get("multi_model"):
         raise SettingsError(
             "SAGEMAKER_MULTI_MODEL=true: multi-model endpoints serve SavedModels, not in the "

@@ -95,6 +95,28 @@ CONSTANTS = (
     Constant("docs/benchmarks.md", "never within 120 s", "bench/torch_backend.py: FAULT_TIMEOUT_S"),
     Constant("docs/serve.md", "512 MiB", "serve/workers.py's RUNTIME_BYTES"),
     Constant("docs/serve.md", "under 1 ms", "serve/batching.py's INLINE_CALL_MAX_S"),
+    Constant("docs/serve.md", "none took 20 ms", "serve/batching.py's INLINE_CALL_LIMIT_S"),
+    Constant("docs/serve.md", "at most 64 KiB", "serve/batching.py's INLINE_MAX_BYTES"),
+    Constant(
+        "docs/serve.md", "deadline is 20 ms", "serve/tensorflow/model.py's INLINE_DEADLINE_MS"
+    ),
+    Constant("docs/serve.md", "cut after 20 ms", "serve/tensorflow/model.py's INLINE_DEADLINE_MS"),
+    Constant(
+        "docs/serve.md",
+        "under 100 ms while a call runs 2 s",
+        "test_ping_answers_in_100_ms_while_a_call_runs_2_s's bound and its model's call",
+    ),
+    Constant(
+        "docs/serve.md",
+        "under 100 ms beside a 2 s call",
+        "test_ping_answers_in_100_ms_while_a_call_runs_2_s's bound and its model's call",
+    ),
+    Constant(
+        "docs/serve.md",
+        "about 22 MB installed",
+        "the two wheels installed with pip --target, du -sh (the Dockerfile's comment)",
+    ),
+    Constant("docs/serve.md", "(about 3 minutes)", "pytest --durations on the test file"),
     Constant("docs/design.md", "up to 1 s after", "entrypoint/supervise.py's LOSS_SETTLE_S"),
     Constant("docs/design.md", "1 s and 20 s", "heartbeat_interval_s and lost_after_s"),
     Constant("docs/design.md", "20 s", "the channel's silence bound (lost_after_s)"),

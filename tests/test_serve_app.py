@@ -202,9 +202,14 @@ def test_a_model_failure_is_a_500_with_one_line(model_dir: Path) -> None:
         assert response.json() == {"error": "RuntimeError: out of memory"}
 
 
-def test_concurrent_requests_share_model_calls(model_dir: Path) -> None:
+@pytest.mark.parametrize("batching", [True, False])
+def test_concurrent_requests_share_model_calls_only_with_batching_on(
+    model_dir: Path, batching: bool
+) -> None:
     fake = FakeModel(delay_s=0.05)
-    with client_for(model_dir, fake, max_batch_size=8, max_batch_delay_ms=20) as client:
+    with client_for(
+        model_dir, fake, max_batch_size=8, max_batch_delay_ms=20, batching=batching
+    ) as client:
         wait_ready(client)
 
         def one(value: int) -> str:
@@ -218,8 +223,11 @@ def test_concurrent_requests_share_model_calls(model_dir: Path) -> None:
             labels = list(pool.map(one, [0, 255] * 8))
     assert labels == ["dark", "light"] * 8
     assert sum(fake.batch_sizes) == 16
-    assert max(fake.batch_sizes) <= 8
-    assert len(fake.batch_sizes) < 16, fake.batch_sizes
+    if batching:
+        assert max(fake.batch_sizes) <= 8
+        assert len(fake.batch_sizes) < 16, fake.batch_sizes
+    else:  # the default: each request its own model call
+        assert fake.batch_sizes == [1] * 16
 
 
 def test_execution_parameters(model_dir: Path) -> None:

@@ -49,7 +49,7 @@ def server(trained: TrainedModel) -> Iterator[ServeContainer]:
     container = ServeContainer(os.environ.get("DOCKER", "docker"), image_name(), trained.model_dir)
     container.start()
     try:
-        container.pings = container.wait_ready()  # type: ignore[attr-defined]
+        container.pings = container.wait_ready(timeout=600)  # type: ignore[attr-defined]
         yield container
     finally:
         container.remove()

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from serve import batching
+from serve import batching, hooks
 from serve.errors import ServeError
 from serve.settings import Settings, SettingsError, execution_parameters, settings_from_env
 from serve.tensorflow import codec, model, tfs
@@ -31,9 +31,35 @@ NOISE = np.random.default_rng(0).integers(0, 256, (40, 50, 3), dtype=np.uint8)
 # --- settings ----------------------------------------------------------------------------------
 
 
+def test_aws_tfs_batching_variables_as_its_container_reads_them() -> None:
+    settings = settings_from_env(
+        {
+            "SAGEMAKER_TFS_ENABLE_BATCHING": "true",
+            "SAGEMAKER_TFS_MAX_BATCH_SIZE": "16",
+            "SAGEMAKER_TFS_BATCH_TIMEOUT_MICROS": "500",
+            "SAGEMAKER_TFS_NUM_BATCH_THREADS": "100",
+            "SAGEMAKER_TFS_MAX_ENQUEUED_BATCHES": "2",
+        }
+    )
+    assert (
+        settings.batching,
+        settings.max_batch_size,
+        settings.max_batch_delay_ms,
+        settings.max_queued_images,
+    ) == (True, 16, 0.5, 32)
+    assert settings_from_env({"SM_SERVE_ENABLE_BATCHING": "1"}).batching
+    assert not settings_from_env({"SAGEMAKER_TFS_ENABLE_BATCHING": "false"}).batching
+    with pytest.raises(SettingsError, match=r"^SAGEMAKER_TFS_ENABLE_BATCHING='maybe' must be"):
+        settings_from_env({"SAGEMAKER_TFS_ENABLE_BATCHING": "maybe"})
+    with pytest.raises(SettingsError, match=r"^SAGEMAKER_TFS_MAX_BATCH_SIZE='0' must be between"):
+        settings_from_env({"SAGEMAKER_TFS_MAX_BATCH_SIZE": "0"})
+
+
 def test_settings_defaults_are_sagemakers() -> None:
     settings = settings_from_env({})
     assert settings == Settings()
+    # As TF Serving and AWS's container: no request shares a model call unless asked.
+    assert not settings.batching
     # workers: None, chosen for the host at start (serve/workers.py).
     assert (settings.port, settings.max_payload_bytes, settings.workers) == (8080, 6 << 20, None)
 
@@ -55,9 +81,14 @@ def test_settings_read_every_variable() -> None:
             "SM_SERVE_MAX_QUEUED_IMAGES": "100",
             "SM_SERVE_GRACEFUL_TIMEOUT_S": "10",
             "SM_SERVE_ACCESS_LOG": "1",
+            "SAGEMAKER_TFS_ENABLE_BATCHING": "true",
+            # serve's own variables win over AWS's container's.
+            "SAGEMAKER_TFS_MAX_BATCH_SIZE": "16",
+            "SAGEMAKER_TFS_MAX_ENQUEUED_BATCHES": "3",
         }
     )
     assert settings == Settings(
+        batching=True,
         model_dir=Path("/models/x"),
         port=9090,
         workers=2,
@@ -398,9 +429,21 @@ def test_a_model_call_runs_inline_only_once_recent_calls_were_short() -> None:
     assert batching.runs_inline([short], 32, 32)
     assert not batching.runs_inline([short], 33, 32)  # a large request's run of many rows
     assert not batching.runs_inline([long], 1, 32)
-    # One call the scheduler paused does not move it; a model that turned slow does.
-    assert batching.runs_inline([short] * 15 + [long], 1, 32)
-    assert not batching.runs_inline([short] * 7 + [long] * 9, 1, 32)
+    # A short pause (a few ms) of one call does not move it; one long call does, at once.
+    paused = batching.INLINE_CALL_LIMIT_S / 2
+    assert batching.runs_inline([short] * 15 + [paused], 1, 32)
+    assert not batching.runs_inline([short] * 15 + [long], 1, 32)
+    assert not batching.runs_inline([short] * 7 + [paused] * 9, 1, 32)
+    # Input size, not rows: a large body never runs on the loop.
+    assert batching.runs_inline([short], 1, 32, batching.INLINE_MAX_BYTES)
+    assert not batching.runs_inline([short], 1, 32, batching.INLINE_MAX_BYTES + 1)
+
+
+def test_a_piece_that_is_not_mergeable_is_a_call_of_its_own() -> None:
+    keys, counts = ["k", "k", "k", "j"], [1, 1, 1, 1]
+    assert batching.select_batch(keys, counts, 32) == [0, 1, 2]
+    assert batching.select_batch(keys, counts, 32, [False, True, True, True]) == [0]
+    assert batching.select_batch(keys, counts, 32, [True, False, True, True]) == [0, 2]
 
 
 @pytest.mark.parametrize(("timeout_s", "every_s"), [(60.0, 1.0), (10.0, 1.0), (0.2, 0.02)])
@@ -421,20 +464,60 @@ def test_session_threads(environ: dict[str, str], intra: int, inter: int) -> Non
     assert model.session_threads(environ) == model.SessionThreads(intra, inter)
 
 
-def test_the_meta_graph_served_is_the_only_one_or_the_one_tagged_serve(tmp_path: Path) -> None:
-    assert model.choose_tags([["train"]], tmp_path) == ["train"]
+def test_the_meta_graph_served_is_the_one_tagged_serve_as_tf_serving_loads(tmp_path: Path) -> None:
+    assert model.choose_tags([["serve"]], tmp_path) == ["serve"]
     assert model.choose_tags([["serve", "gpu"], ["serve"]], tmp_path) == ["serve"]
+    # TF Serving (--saved_model_tags=serve) refuses a lone meta graph tagged otherwise.
+    with pytest.raises(ModelError, match=r"no meta graph tagged 'serve' alone \(tag sets: train\)"):
+        model.choose_tags([["train"]], tmp_path)
     with pytest.raises(ModelError, match=r"no meta graph tagged 'serve' alone \(tag sets: "):
         model.choose_tags([["serve", "gpu"], ["train"]], tmp_path)
 
 
-def test_a_shape_the_signature_cannot_take_is_named() -> None:
-    spec = tfs.TensorSpec("float32", (None, 8))
-    assert tfs.shape_error("x", spec, (5, 8)) is None
-    assert tfs.shape_error("x", tfs.TensorSpec("float32"), (1, 2, 3)) is None
-    assert tfs.shape_error("x", spec, (1, 7)) == (
-        "input 'x' has shape [1,7], but the signature takes [-1,8]"
+def test_only_a_free_batch_dimension_may_be_merged() -> None:
+    def spec(*shapes: tuple[int | None, ...] | None) -> tfs.SignatureSpec:
+        inputs = {f"x{i}": tfs.TensorSpec("float32", shape) for i, shape in enumerate(shapes)}
+        return tfs.SignatureSpec(inputs, {})
+
+    assert spec((None, 4)).batch_free
+    assert spec(None).batch_free  # unknown rank (a TensorInfo without a shape)
+    assert spec((None,), None).batch_free
+    assert not spec((1, 4)).batch_free  # a fixed batch dimension
+    assert not spec((None, 4), (2,)).batch_free
+    assert not spec(()).batch_free  # a scalar input
+
+
+def test_requirements_leave_out_what_the_image_has_and_refuse_to_replace_tensorflow() -> None:
+    installed = {"tensorflow-cpu": "2.14.1", "tensorflow-text": "2.14.0", "numpy": "1.26.4"}
+    pinned = {"tensorflow-cpu": "2.14.1", "numpy": "1.26.4"}
+    plan = hooks.plan_requirements(
+        "# comment\ntensorflow-text==2.14.0\ntensorflow>=2.14  # any TF name\n"
+        "Pillow>=9\n--extra-index-url https://example.invalid/simple\n"
+        "requests; python_version<'3'\n",
+        installed,
+        pinned,
     )
-    assert tfs.shape_error("x", spec, (8,)) == (
-        "input 'x' has shape [8], but the signature takes [-1,8]"
+    index = "--extra-index-url https://example.invalid/simple"
+    assert plan == hooks.RequirementsPlan(
+        ("Pillow>=9", index, "requests; python_version<'3'"),
+        ("tensorflow-text==2.14.0", "tensorflow-cpu==2.14.1"),
     )
+    with pytest.raises(ModelError) as caught:
+        hooks.plan_requirements("tensorflow==2.16.1\n", installed, pinned)
+    assert str(caught.value) == (
+        "code/requirements.txt: 'tensorflow==2.16.1' would replace the image's tensorflow-cpu "
+        "2.14.1, which serve and the image's other packages are built against; leave it out or "
+        "accept 2.14.1"
+    )
+    with pytest.raises(ModelError, match=r"'numpy>=2' would replace the image's numpy 1\.26\.4"):
+        hooks.plan_requirements("numpy>=2", installed, pinned)
+    # Not pinned by the image: pip may upgrade it.
+    assert hooks.plan_requirements("tensorflow-text>2.14.0", installed, pinned).install == (
+        "tensorflow-text>2.14.0",
+    )
+    assert hooks.pins(
+        "numpy==1.26.4\n# x==1\nTensorFlow_CPU == 2.14.1 ; sys_platform=='linux'\n"
+    ) == {
+        "numpy": "1.26.4",
+        "tensorflow-cpu": "2.14.1",
+    }

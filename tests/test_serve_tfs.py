@@ -25,7 +25,7 @@ from starlette.testclient import TestClient
 
 from serve import batching, errors, hooks, page
 from serve.app import create_app
-from serve.batcher import Batcher, OverloadedError
+from serve.batcher import Batcher, NotInline, OverloadedError
 from serve.batching import Piece, run_merged
 from serve.errors import ServeError
 from serve.runner import Runner
@@ -760,9 +760,12 @@ def test_tf_serving_urls_on_the_same_server() -> None:
         assert home.status_code == 200 and 'id="notice"' in home.text
 
 
-def test_concurrent_rows_of_one_shape_share_model_calls() -> None:
+@pytest.mark.parametrize("batching", [True, False])
+def test_concurrent_rows_of_one_shape_share_model_calls_only_with_batching_on(
+    batching: bool,
+) -> None:
     calls = Calls(delay_s=0.05)
-    with client(calls, max_batch_size=8, max_batch_delay_ms=20) as test_client:
+    with client(calls, max_batch_size=8, max_batch_delay_ms=20, batching=batching) as test_client:
         ready(test_client)
 
         def one(value: float) -> str:
@@ -776,7 +779,10 @@ def test_concurrent_rows_of_one_shape_share_model_calls() -> None:
             answers = list(pool.map(one, [2.0, 4.0] * 8))
     assert answers == ['{"predictions": [[4.0]]}', '{"predictions": [[5.0]]}'] * 8
     assert sum(calls.sizes) == 16 and max(calls.sizes) <= 8
-    assert len(calls.sizes) < 16, calls.sizes
+    if batching:
+        assert len(calls.sizes) < 16, calls.sizes
+    else:  # the default, as TF Serving's: each request its own model call
+        assert calls.sizes == [1] * 16
 
 
 INFERENCE_PY = """
@@ -1052,3 +1058,186 @@ def test_a_model_fn_script_is_refused_in_one_line_before_its_import(tmp_path: Pa
     loaded = hooks.load_hooks(tmp_path)
     assert loaded is not None
     assert loaded.handler is not None
+
+
+# --- the batcher: merging only where asked, isolation, where calls run ------------------------
+
+
+def _merged_run(calls: list[list[object]]):
+    def run(_key: object, payloads: list) -> list:
+        calls.append(list(payloads))
+        if len(payloads) > 1 and "bad" in payloads:
+            raise ValueError("bad input in the batch")
+        if payloads == ["bad"]:
+            raise ServeError(400, "bad input")
+        return payloads
+
+    return run
+
+
+@pytest.mark.parametrize("merge", [True, False])
+def test_a_failed_merged_call_fails_only_the_bad_request(merge: bool) -> None:
+    calls: list[list[object]] = []
+
+    async def scenario() -> list[object]:
+        batcher = Batcher(
+            _merged_run(calls), max_batch_size=8, max_delay_s=0.05, max_queued_images=10,
+            merge=merge,
+        )  # fmt: skip
+        batcher.start()
+        try:
+            # Submitted before the batcher's task runs: one batch, when merging.
+            futures = [batcher.submit([Piece("k", 1, p)])[0] for p in ("a", "bad", "c")]
+            return list(await asyncio.gather(*futures, return_exceptions=True))
+        finally:
+            await batcher.stop()
+
+    outcomes = asyncio.run(scenario())
+    assert outcomes[0] == "a" and outcomes[2] == "c"
+    assert isinstance(outcomes[1], ServeError) and outcomes[1].status == 400
+    if merge:  # the merged call failed, then each request alone
+        assert calls == [["a", "bad", "c"], ["a"], ["bad"], ["c"]]
+    else:  # the default: never merged
+        assert calls == [["a"], ["bad"], ["c"]]
+
+
+def test_a_piece_that_is_not_mergeable_is_never_merged() -> None:
+    calls: list[list[object]] = []
+
+    async def scenario() -> None:
+        batcher = Batcher(
+            _merged_run(calls), max_batch_size=8, max_delay_s=0.05, max_queued_images=10
+        )
+        batcher.start()
+        try:
+            futures = [
+                batcher.submit([Piece("k", 1, p, mergeable=p != "fixed")])[0]
+                for p in ("a", "fixed", "c")
+            ]
+            await asyncio.gather(*futures)
+        finally:
+            await batcher.stop()
+
+    asyncio.run(scenario())
+    assert sorted(map(tuple, calls)) == [("a", "c"), ("fixed",)]
+
+
+def test_where_a_call_runs_is_decided_per_key_and_an_inline_refusal_goes_to_the_thread() -> None:
+    where: list[tuple[str, str]] = []
+    refuse = {"slow"}
+
+    def run(key: object, payloads: list) -> list:
+        where.append((str(key), threading.current_thread().name))
+        return payloads
+
+    def run_inline(key: object, payloads: list) -> list:
+        if key in refuse:
+            raise NotInline("past its deadline")
+        return run(key, payloads)
+
+    async def scenario() -> None:
+        batcher = Batcher(
+            run, max_batch_size=4, max_delay_s=0, max_queued_images=10, run_inline=run_inline
+        )
+        batcher.start()
+        try:
+            for key in ("fast", "fast", "fast", "other", "slow", "slow", "slow"):
+                assert await batcher.collect(batcher.submit([Piece(key, 1, key)])) == [key]
+            # Large input never runs on the loop, however short the key's calls.
+            big = Piece("fast", 1, "big", nbytes=batching.INLINE_MAX_BYTES + 1)
+            assert await batcher.collect(batcher.submit([big])) == ["big"]
+            columnar = Piece("fast", 1, "columnar", inline=False)
+            assert await batcher.collect(batcher.submit([columnar])) == ["columnar"]
+        finally:
+            await batcher.stop()
+
+    asyncio.run(scenario())
+    loop_thread = threading.current_thread().name
+    threads = [name == loop_thread for _key, name in where]
+    # fast: first in the thread, then on the loop; other: its first call in the thread although
+    # "fast" is short; slow: first in the thread, then refused inline (the thread again), then
+    # the thread (its recent calls hold the refusal).
+    assert [key for key, _ in where] == ["fast"] * 3 + ["other"] + ["slow"] * 3 + ["fast"] * 2
+    assert threads == [False, True, True, False, False, False, False, False, False]
+
+
+def test_stop_answers_the_call_in_the_model_503_without_waiting_for_it() -> None:
+    release = threading.Event()
+
+    def run(_key: object, payloads: list) -> list:
+        release.wait(10)
+        return payloads
+
+    async def scenario() -> tuple[object, float]:
+        batcher = Batcher(run, max_batch_size=4, max_delay_s=0, max_queued_images=10)
+        batcher.start()
+        running = batcher.submit([Piece("k", 1, 1)])
+        await asyncio.sleep(0.1)  # in the model thread now
+        started = time.monotonic()
+        await batcher.stop()
+        stopped_in = time.monotonic() - started
+        [outcome] = await asyncio.gather(*running, return_exceptions=True)
+        return outcome, stopped_in
+
+    try:
+        outcome, stopped_in = asyncio.run(scenario())
+    finally:
+        release.set()
+    assert isinstance(outcome, ServeError)
+    assert (outcome.status, str(outcome)) == (503, "the model was unloaded")
+    assert stopped_in < 1.0
+
+
+def test_inference_py_and_its_imports_run_before_the_models_load(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What inference.py imports (tensorflow_text, a custom op library) registers its ops
+    before any SavedModel that uses them is loaded."""
+    from serve.tensorflow import runner  # noqa: PLC0415
+
+    order = tmp_path / "order.txt"
+    (tmp_path / "1").mkdir()
+    (tmp_path / "1" / "saved_model.pb").write_bytes(b"")
+    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / "inference.py").write_text(
+        f"with open({str(order)!r}, 'a') as f:\n    f.write('inference.py\\n')\n"
+        "def handler(data, context):\n    return data.read()\n"
+    )
+
+    def load_registry(archive: object, timeout_s: float) -> Registry:
+        with order.open("a") as f:
+            f.write(f"models, deadline {timeout_s:g} s\n")
+        return Registry({}, "model")
+
+    monkeypatch.setattr(runner, "load_registry", load_registry)
+    loaded = runner.load_archive(tmp_path, timeout_s=7)
+    assert loaded.hooks is not None
+    assert order.read_text().splitlines() == ["inference.py", "models, deadline 7 s"]
+
+
+@pytest.mark.parametrize("merge", [False, True])
+def test_a_known_short_call_runs_at_once_on_the_loop_only_with_merging_off(merge: bool) -> None:
+    where: list[str] = []
+
+    def run(_key: object, payloads: list) -> list:
+        where.append(threading.current_thread().name)
+        return [p * 2 for p in payloads]
+
+    async def scenario() -> list[tuple[bool, object]]:
+        batcher = Batcher(run, max_batch_size=4, max_delay_s=0, max_queued_images=10, merge=merge)
+        batcher.start()
+        try:
+            first = Piece("k", 1, 1)
+            assert batcher.run_now(first) == (False, None)  # nothing measured yet
+            assert await batcher.collect(batcher.submit([first])) == [2]  # the thread
+            return [batcher.run_now(Piece("k", 1, 2)), batcher.run_now(Piece("j", 1, 3))]
+        finally:
+            await batcher.stop()
+
+    outcomes = asyncio.run(scenario())
+    if merge:  # merging needs the queue: never at once
+        assert outcomes == [(False, None), (False, None)]
+        assert len(where) == 1
+    else:
+        assert outcomes == [(True, 4), (False, None)]
+        assert where[1] == threading.current_thread().name

@@ -205,7 +205,9 @@ def decode_body(body: bytes, content_type: str | None) -> list[np.ndarray]:
 
 def image_piece(images: np.ndarray, model: str = "") -> Piece:
     """(n, H, W, 3) uint8 images of one size: one piece, keyed by model and size."""
-    return Piece(("image", model, int(images.shape[1]), int(images.shape[2])), len(images), images)
+    key = ("image", model, int(images.shape[1]), int(images.shape[2]))
+    # Sized by their pixels: large images never run on the event loop.
+    return Piece(key, len(images), images, images.nbytes)
 
 
 def to_pieces(images: Sequence[np.ndarray], max_batch_size: int, model: str = "") -> list[Piece]:

@@ -11,18 +11,25 @@ once per worker, after the fork (`load_registry`), warmed up before /ping says y
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
+import importlib
+import importlib.util
 import json
 import logging
 import os
+import sys
+import threading
+import time
 from collections.abc import Callable, Hashable, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from serve.batching import run_merged, split_rows
+from serve.batcher import NotInline
+from serve.batching import INLINE_CALL_MAX_S, run_merged, split_rows
 from serve.errors import ServeError, one_line
 from serve.tensorflow import tfs
 from serve.tensorflow.discovery import (
@@ -90,7 +97,14 @@ def scan(model_dir: Path, default_model: str | None = None) -> Archive:
 @dataclasses.dataclass(frozen=True)
 class Signature:
     spec: tfs.SignatureSpec
+    # Checked call (dtypes, shapes), within the request's deadline.
     call: SignatureCall
+    # The same call on the event loop, cut at a deadline short enough for the loop: raises
+    # batcher.NotInline then, or while it is not ready. None: never on the loop.
+    inline: SignatureCall | None = None
+    # classify/regress: serialized tf.Examples fed as they are (TF Serving's Classifier and
+    # Regressor feed a string tensor whatever dtype the TensorInfo declares). None: `call`.
+    examples: Callable[[np.ndarray], dict[str, np.ndarray]] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,6 +168,26 @@ class Registry:
         # "alone": a closure that makes its own call (columnar requests, classify, regress).
         return [payload() for payload in payloads]
 
+    def close(self) -> None:
+        """Close every version's session: a call still running in one is cancelled (a
+        multi-model unload's in-flight call ends now, not at its deadline)."""
+        for model in self.models.values():
+            for version in model.versions.values():
+                close = getattr(version.handle, "close", None)
+                if close is not None:
+                    close()
+
+    def run_inline(self, key: Hashable, payloads: list[Any]) -> list[Any]:
+        """The batcher's runner on the event loop: a signature's fast path (short deadline),
+        NotInline for what has none."""
+        if not isinstance(key, tuple) or key[0] != "rows":
+            return self.run(key, payloads)
+        _, name, version, signature = key[:4]
+        fast = self.models[name].versions[version].signatures[signature].inline
+        if fast is None:
+            raise NotInline("no fast path")
+        return run_merged(fast, payloads)
+
 
 # --- loading (TensorFlow only from here on) ----------------------------------------------------
 
@@ -166,10 +200,9 @@ INIT_OP_SIGNATURE = "__saved_model_init_op"
 
 
 def choose_tags(tag_sets: list[list[str]], where: Path) -> list[str]:
-    """The meta graph to serve: the only one, or the one tagged "serve" alone (TF Serving's
-    default); ModelError naming the tag sets otherwise."""
-    if len(tag_sets) == 1:
-        return tag_sets[0]
+    """The meta graph to serve: the one tagged "serve" alone, as TF Serving loads it
+    (--saved_model_tags=serve), even where it is the only one; ModelError naming the tag sets
+    otherwise."""
     for tags in tag_sets:
         if set(tags) == {SERVE_TAG}:
             return tags
@@ -206,7 +239,10 @@ def _spec(info: Any) -> tfs.TensorSpec:
     import tensorflow as tf  # noqa: PLC0415
 
     shape = info.tensor_shape
-    dims = None if shape.unknown_rank else tuple(None if d.size < 0 else d.size for d in shape.dim)
+    # A TensorInfo written without a shape (TF1 exports: TF Serving's half_plus_two) is of
+    # unknown rank, not a scalar: only a shape that is there says anything.
+    known = info.HasField("tensor_shape") and not shape.unknown_rank
+    dims = tuple(None if d.size < 0 else d.size for d in shape.dim) if known else None
     # A composite tensor's TensorInfo has no dtype of its own (DT_INVALID, 0).
     dtype = tf.dtypes.as_dtype(info.dtype).name if info.dtype else "invalid"
     return tfs.TensorSpec(dtype, dims)
@@ -221,18 +257,168 @@ def _tag_sets(version_dir: Path) -> list[list[str]]:
     return [list(meta.meta_info_def.tags) for meta in proto.meta_graphs]
 
 
-def _signature(session: Any, name: str, definition: Any) -> Signature:
-    """One SignatureDef as a call: feed its inputs' tensors, fetch its outputs, in one session
-    run, as TF Serving runs a signature."""
-    import tensorflow as tf  # noqa: PLC0415
+# A model call on the event loop is cut after this long (and run again in the model thread):
+# /ping and every other request wait at most this for a call that turned slow.
+INLINE_DEADLINE_MS = 20
+
+
+def _callable(session: Any, feeds: list[str], fetches: list[str], timeout_ms: int) -> Any:
+    """feeds -> fetches in one session run, cut after timeout_ms (RunOptions.timeout_in_ms,
+    as TF Serving's REST handler sets it). The private Session._make_callable_from_options is
+    TF's own fast path (one C++ call per run; tf_keras uses it); where a TF lacks it, the
+    public Session.make_callable, which feeds through Python and costs more per call."""
     from tensorflow.core.protobuf import config_pb2  # noqa: PLC0415
 
+    options = config_pb2.RunOptions(timeout_in_ms=timeout_ms)
+    if hasattr(session, "_make_callable_from_options"):
+        return session._make_callable_from_options(
+            config_pb2.CallableOptions(feed=feeds, fetch=fetches, run_options=options)
+        )
+    graph = session.graph
+    public = session.make_callable(
+        [graph.get_tensor_by_name(name) for name in fetches],
+        feed_list=[graph.get_tensor_by_name(name) for name in feeds],
+        accept_options=True,
+    )
+    return functools.partial(_with_options, public, options)
+
+
+def _with_options(run: Any, options: Any, *arrays: Any) -> Any:
+    return run(*arrays, options=options)
+
+
+def callable_api(session: Any) -> str:
+    """Which session API serve's calls go through (logged at load)."""
+    return "private" if hasattr(session, "_make_callable_from_options") else "public"
+
+
+# The HTTP status TF Serving answers for each error of a session run (http_server.cc's
+# ToHTTPStatusCode); any other: 500.
+RUN_ERROR_STATUS = {
+    "InvalidArgumentError": 400,
+    "FailedPreconditionError": 400,
+    "OutOfRangeError": 400,
+    "NotFoundError": 404,
+    "UnimplementedError": 501,
+    "UnavailableError": 503,
+    "ResourceExhaustedError": 429,
+    "AlreadyExistsError": 409,
+    "AbortedError": 409,
+    "UnauthenticatedError": 401,
+    "PermissionDeniedError": 403,
+    "CancelledError": 499,
+}
+
+
+class RunError(ServeError):
+    """A session run's error, with its status as TF Serving answers it; `kind` is the
+    TensorFlow error's type name (a warm-up tells a refusal of its zeros from a model that
+    cannot run)."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(RUN_ERROR_STATUS.get(kind, 500), message)
+        self.kind = kind
+
+
+class SessionSignature:
+    """One SignatureDef's calls in a session: feed its inputs' tensors, fetch its outputs, in
+    one session run, as TF Serving runs a signature. The fast path for the event loop is made
+    once a call in the model thread was short (a slow model never pays its memory)."""
+
+    def __init__(
+        self, session: Any, name: str, definition: Any, spec: tfs.SignatureSpec, timeout_ms: int
+    ) -> None:
+        import tensorflow as tf  # noqa: PLC0415
+
+        self._errors = tf.errors
+        self.name = name
+        self.spec = spec
+        self.timeout_s = timeout_ms / 1000
+        self._session = session
+        self._inputs = sorted(definition.inputs)
+        self._outputs = sorted(definition.outputs)
+        self._feeds = [definition.inputs[key].name for key in self._inputs]
+        self._fetches = [definition.outputs[key].name for key in self._outputs]
+        self._numpy_types = {
+            key: tf.dtypes.as_dtype(definition.inputs[key].dtype).as_numpy_dtype
+            for key in self._inputs
+        }
+        # A callable made once: each request then costs one session run, no graph lookups.
+        self._run = _callable(session, self._feeds, self._fetches, timeout_ms)
+        self._fast: Any = None
+        self._fast_lock = threading.Lock()
+
+    def _arrays(self, tensors: dict[str, np.ndarray]) -> list[np.ndarray]:
+        if sorted(tensors) != self._inputs:
+            raise ServeError(
+                400,
+                f"signature {self.name!r} takes {', '.join(self._inputs)}; "
+                f"got {', '.join(tensors)}",
+            )
+        try:
+            arrays = [
+                np.asarray(tensors[key], dtype=self._numpy_types[key]) for key in self._inputs
+            ]
+        except (ValueError, TypeError) as exc:
+            raise ServeError(400, one_line(exc)) from None
+        # No shape check against the TensorInfos: TF Serving feeds what the request holds and
+        # lets the graph judge (half_plus_two's TensorInfo says [-1,1]; AWS's suite feeds [3]).
+        return arrays
+
+    def _outputs_of(self, run: Any, arrays: list[Any], *, inline: bool) -> dict[str, np.ndarray]:
+        try:
+            values = run(*arrays)
+        except self._errors.DeadlineExceededError:
+            if inline:
+                raise NotInline(f"past {INLINE_DEADLINE_MS} ms on the event loop") from None
+            # The request's 504 (app.py), its session run cancelled.
+            raise TimeoutError from None
+        except self._errors.OpError as exc:
+            raise RunError(type(exc).__name__, one_line(exc)) from None
+        except (ValueError, TypeError) as exc:
+            # A value the session cannot feed: the request's fault.
+            raise ServeError(400, one_line(exc)) from None
+        return dict(zip(self._outputs, values, strict=True))
+
+    def __call__(self, tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        arrays = self._arrays(tensors)
+        started = time.perf_counter()
+        outputs = self._outputs_of(self._run, arrays, inline=False)
+        if self._fast is None and time.perf_counter() - started < INLINE_CALL_MAX_S:
+            self._make_fast()
+        return outputs
+
+    def _make_fast(self) -> None:
+        with self._fast_lock:
+            if self._fast is None:
+                self._fast = _callable(
+                    self._session, self._feeds, self._fetches, INLINE_DEADLINE_MS
+                )
+
+    def inline(self, tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        fast = self._fast
+        if fast is None:
+            raise NotInline("no fast path yet")
+        return self._outputs_of(fast, self._arrays(tensors), inline=True)
+
+    def examples(self, serialized: np.ndarray) -> dict[str, np.ndarray]:
+        if len(self._inputs) != 1:
+            raise ServeError(
+                400,
+                f"signature {self.name!r} takes {', '.join(self._inputs)}; classify and regress "
+                "feed one input of serialized tf.Examples",
+            )
+        return self._outputs_of(self._run, [serialized], inline=False)
+
+
+def _signature(session: Any, name: str, definition: Any, timeout_ms: int) -> Signature:
+    """One SignatureDef as a call (SessionSignature); a signature with a tensor that is not
+    dense answers every request 400 (TF Serving's REST API cannot feed them either)."""
     spec = tfs.SignatureSpec(
         {key: _spec(info) for key, info in definition.inputs.items()},
         {key: _spec(info) for key, info in definition.outputs.items()},
         definition.method_name or "tensorflow/serving/predict",
     )
-    inputs, outputs = sorted(definition.inputs), sorted(definition.outputs)
     not_dense = [
         key
         for key, info in [*definition.inputs.items(), *definition.outputs.items()]
@@ -245,66 +431,77 @@ def _signature(session: Any, name: str, definition: Any) -> Signature:
                 400, f"signature {name!r}: {', '.join(not_dense)} not a dense tensor (not served)"
             )
 
+        log.warning("signature %r: %s not a dense tensor: not served", name, ", ".join(not_dense))
         return Signature(spec, refuse)
-    numpy_types = {
-        key: tf.dtypes.as_dtype(definition.inputs[key].dtype).as_numpy_dtype for key in inputs
-    }
-    # A callable made once: each request then costs one session run, no graph lookups
-    # (Session.make_callable's public form feeds through Python and costs several times more).
-    run = session._make_callable_from_options(
-        config_pb2.CallableOptions(
-            feed=[definition.inputs[key].name for key in inputs],
-            fetch=[definition.outputs[key].name for key in outputs],
-        )
-    )
+    calls = SessionSignature(session, name, definition, spec, timeout_ms)
+    return Signature(spec, calls, calls.inline, calls.examples)
 
-    def call(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        if sorted(tensors) != inputs:
-            raise ServeError(
-                400, f"signature {name!r} takes {', '.join(inputs)}; got {', '.join(tensors)}"
+
+def _warm_up(where: Path, name: str, signature: Signature) -> None:
+    """One call of a signature with zeros (unknown dimensions 1, unknown rank a vector of one),
+    or with one empty tf.Example for a classify/regress signature: the first real request then
+    does not pay for TensorFlow's first-call set-up, and a model that cannot answer at all
+    fails its load (ModelError), not every request after /ping said yes. A refusal of the
+    zeros themselves (InvalidArgument: the graph wants other values) is not a failure."""
+    if signature.examples is not None and signature.spec.method in EXAMPLE_METHODS:
+        calls: Callable[[], Any] = functools.partial(
+            signature.examples, np.array([b""], dtype=object)
+        )
+    else:
+        zeros = {}
+        for input_name, spec in signature.spec.inputs.items():
+            if spec.dtype not in WARMUP_DTYPES:
+                return
+            shape = (1,) if spec.shape is None else tuple(1 if d is None else d for d in spec.shape)
+            zeros[input_name] = (
+                np.full(shape, b"", dtype=object)
+                if spec.dtype == "string"
+                else np.zeros(shape, spec.dtype)
             )
-        try:
-            arrays = [np.asarray(tensors[key], dtype=numpy_types[key]) for key in inputs]
-        except (ValueError, TypeError) as exc:
-            raise ServeError(400, one_line(exc)) from None
-        for key, array in zip(inputs, arrays, strict=True):
-            problem = tfs.shape_error(key, spec.inputs[key], array.shape)
-            if problem is not None:
-                raise ServeError(400, problem)
-        try:
-            values = run(*arrays)
-        except (tf.errors.InvalidArgumentError, ValueError, TypeError) as exc:
-            # A value the graph refuses: the request's fault.
-            raise ServeError(400, one_line(exc)) from None
-        return dict(zip(outputs, values, strict=True))
-
-    return Signature(spec, call)
-
-
-def _warm_up(model: str, version: int, signature: Signature) -> None:
-    """One call with zeros where every input's shape is known but for unknown dimensions (1):
-    the first real request then does not pay for TensorFlow's first-call set-up."""
-    zeros = {}
-    for name, spec in signature.spec.inputs.items():
-        if spec.shape is None:
-            return
-        shape = tuple(1 if d is None else d for d in spec.shape)
-        zeros[name] = (
-            np.full(shape, b"", dtype=object)
-            if spec.dtype == "string"
-            else np.zeros(shape, spec.dtype)
-        )
+        calls = functools.partial(signature.call, zeros)
     try:
-        signature.call(zeros)
-    except Exception as exc:  # noqa: BLE001  (a warm-up is a courtesy; requests will tell)
-        log.info("warm-up of %s version %d skipped: %s", model, version, one_line(exc))
+        calls()
+    except RunError as exc:
+        if exc.kind != "InvalidArgumentError":
+            raise ModelError(f"{where}: signature {name!r} fails: {exc}") from None
+        log.info("warm-up of %s signature %r: zeros refused (%s)", where, name, exc)
+    except ServeError as exc:
+        if exc.status != 400:
+            raise ModelError(f"{where}: signature {name!r} fails: {exc}") from None
+        log.info("warm-up of %s signature %r: zeros refused (%s)", where, name, exc)
+    except TimeoutError:
+        raise ModelError(f"{where}: signature {name!r} did not answer its warm-up call") from None
+    except Exception as exc:  # noqa: BLE001  (TensorFlow raises many types)
+        raise ModelError(f"{where}: signature {name!r} fails: {one_line(exc)}") from None
 
 
-def _load_version(root: Path, entry: ModelEntry, number: int, folder: str) -> Version:
+# The methods whose signatures take serialized tf.Examples.
+EXAMPLE_METHODS = ("tensorflow/serving/classify", "tensorflow/serving/regress")
+# The dtypes a warm-up can make zeros of (numpy has no bfloat16; composites have no dtype).
+WARMUP_DTYPES = frozenset(
+    ("float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "uint16",
+     "uint32", "uint64", "bool", "string", "complex64", "complex128")
+)  # fmt: skip
+
+
+def _quiet_loader() -> Any:
+    """The TF1 loader is the serving path here, not a migration to make: silence its notice
+    (a private switch, where this TF has it)."""
+    try:
+        from tensorflow.python.util import deprecation  # noqa: PLC0415
+    except ImportError:
+        return contextlib.nullcontext()
+    silence = getattr(deprecation, "silence", None)
+    return silence() if silence is not None else contextlib.nullcontext()
+
+
+def _load_version(
+    root: Path, entry: ModelEntry, number: int, folder: str, timeout_ms: int
+) -> Version:
     """One version in a session of its own, as TF Serving loads it: the graph, its variables
-    restored and its init op run (lookup tables), each signature a callable."""
+    restored and its init op run (lookup tables), each signature a callable with the request
+    timeout as its session deadline, every signature warmed up."""
     import tensorflow as tf  # noqa: PLC0415  (seconds to import: only in the worker, after fork)
-    from tensorflow.python.util import deprecation  # noqa: PLC0415
 
     path = root / folder
     threads = session_threads(os.environ)
@@ -318,24 +515,27 @@ def _load_version(root: Path, entry: ModelEntry, number: int, folder: str) -> Ve
     session = tf.compat.v1.Session(graph=graph, config=config)
     try:
         tags = choose_tags(_tag_sets(path), path)
-        # The TF1 loader is the serving path here, not a migration to make: silence its notice.
-        with graph.as_default(), deprecation.silence():
+        with graph.as_default(), _quiet_loader():
             meta_graph = tf.compat.v1.saved_model.loader.load(session, tags, str(path))
         signatures = {
-            name: _signature(session, name, definition)
+            name: _signature(session, name, definition, timeout_ms)
             for name, definition in meta_graph.signature_def.items()
             if name != INIT_OP_SIGNATURE
         }
         if not signatures:
             raise ModelError(f"{path} has no signatures to serve")
+        for name, signature in signatures.items():
+            _warm_up(path, name, signature)
     except ModelError:
         session.close()
         raise
     except Exception as exc:  # noqa: BLE001  (TensorFlow raises many types)
         session.close()
         raise ModelError(f"cannot load {path}: {one_line(exc)}") from None
-    if SIGNATURE in signatures:
-        _warm_up(entry.name, number, signatures[SIGNATURE])
+    log.info(
+        "%s version %d: %d signature(s) warmed up (TensorFlow %s, %s session API)",
+        entry.name, number, len(signatures), tf.__version__, callable_api(session),
+    )  # fmt: skip
     return Version(number, signatures, handle=session)
 
 
@@ -362,12 +562,49 @@ def _image_classifier(name: str, version: Version, classes: tuple[str, ...], whe
     return Model(name, {version.number: version}, version.number, classes, predict)
 
 
-def load_registry(archive: Archive) -> Registry:
-    """Load every version of every model; raise ModelError naming what failed."""
+# Packages whose import registers TensorFlow ops that SavedModels use (TF Serving links them
+# in): imported when a SavedModel names an op no one registered, where installed.
+OP_PACKAGES = ("tensorflow_text", "tensorflow_decision_forests")
+# How TensorFlow's graph import says an op is missing.
+OP_NOT_REGISTERED = "Op type not registered"
+
+
+def import_op_packages() -> list[str]:
+    """Import the OP_PACKAGES that are installed and not imported yet; their names."""
+    imported = []
+    for name in OP_PACKAGES:
+        if name not in sys.modules and importlib.util.find_spec(name) is not None:
+            importlib.import_module(name)
+            imported.append(name)
+    return imported
+
+
+def _load_with_ops(
+    root: Path, entry: ModelEntry, number: int, folder: str, timeout_ms: int
+) -> Version:
+    """_load_version; where the graph names an op not registered, once more after importing
+    the op packages (a model that needs none pays nothing: TF Text alone holds about 150,000
+    objects and seconds of import)."""
+    try:
+        return _load_version(root, entry, number, folder, timeout_ms)
+    except ModelError as exc:
+        if OP_NOT_REGISTERED not in str(exc):
+            raise
+        imported = import_op_packages()
+        if not imported:
+            raise
+        log.info("ops registered from %s", ", ".join(imported))
+        return _load_version(root, entry, number, folder, timeout_ms)
+
+
+def load_registry(archive: Archive, timeout_s: float = 60.0) -> Registry:
+    """Load every version of every model, each call cut after `timeout_s` (the request
+    timeout); raise ModelError naming what failed."""
+    timeout_ms = max(1, int(timeout_s * 1000))
     models: dict[str, Model] = {}
     for entry in archive.catalog.models:
         versions = {
-            number: _load_version(archive.root, entry, number, folder)
+            number: _load_with_ops(archive.root, entry, number, folder, timeout_ms)
             for number, folder in entry.versions
         }
         classes = archive.labels.get(entry.name)

@@ -46,10 +46,13 @@ def load_archive(
     *,
     name: str | None = None,
     code: Path | None = None,
+    timeout_s: float = 60.0,
 ) -> Loaded:
     """Every model and version under `model_dir`, and its code/inference.py's hooks. `name`:
     a multi-model endpoint's name for the one model the folder holds; `code`: its code folder
-    when that is not the model's own code/."""
+    when that is not the model's own code/; `timeout_s`: each model call's session deadline.
+    inference.py is imported first: what it imports (TF Text, a custom op library) registers
+    its ops before the models that use them load."""
     archive = scan(model_dir, default_model)
     if name is not None:
         if len(archive.catalog.models) != 1:
@@ -60,7 +63,8 @@ def load_archive(
         labels = {name: archive.labels[found_name]} if found_name in archive.labels else {}
         catalog = dataclasses.replace(archive.catalog, models=(entry,), default=name)
         archive = dataclasses.replace(archive, catalog=catalog, labels=labels)
-    return Loaded(load_registry(archive), hooks.load_hooks(model_dir, code))
+    user = hooks.load_hooks(model_dir, code)
+    return Loaded(load_registry(archive, timeout_s), user)
 
 
 def compose(loaded: Loaded, settings: Settings, *, port: int | None = None) -> Runner:
@@ -82,6 +86,8 @@ class TensorflowRunner:
             max_delay_s=settings.max_batch_delay_ms / 1000,
             max_queued_images=settings.max_queued_images,
             request_timeout_s=settings.request_timeout_s,
+            merge=settings.batching,
+            run_inline=registry.run_inline,
         )
         # Composed once: each model's way of answering /invocations.
         self._invokers: dict[str, Callable[..., Awaitable[Outgoing]]] = {
@@ -98,8 +104,10 @@ class TensorflowRunner:
 
     @property
     def summary(self) -> str:
+        if not self.settings.batching:
+            return "each request its own model call (batching off)"
         return (
-            f"batches of up to {self.settings.max_batch_size}, "
+            f"batching on: batches of up to {self.settings.max_batch_size}, "
             f"up to {self.settings.max_batch_delay_ms:.1f} ms wait"
         )
 
@@ -115,6 +123,8 @@ class TensorflowRunner:
             stats.largest,
         )
         await self.batcher.stop()
+        # Off the loop: closing a session cancels a call still running in it.
+        await anyio.to_thread.run_sync(self.registry.close)
 
     async def invoke(self, incoming: Incoming) -> Outgoing:
         header = incoming.header(CUSTOM_ATTRIBUTES)
@@ -123,6 +133,10 @@ class TensorflowRunner:
         return await self._invokers[model.name](incoming, model, version, attributes.method)
 
     async def _wait(self, pieces: list[Piece]) -> list[Any]:
+        if len(pieces) == 1:
+            done, result = self.batcher.run_now(pieces[0])
+            if done:
+                return [result]
         # The batcher answers TimeoutError past settings.request_timeout_s.
         return await self.batcher.collect(self.batcher.submit(pieces))
 
@@ -151,21 +165,31 @@ class TensorflowRunner:
             signature = version.signatures[request.signature_name]
             if request.columnar:
                 inputs = request.inputs
-                piece = Piece(("alone",), 1, lambda: signature.call(inputs))
+                piece = Piece(
+                    ("alone",), 1, lambda: signature.call(inputs), size, False, inline=False
+                )
                 [outputs] = await self._wait([piece])
-                return tfs.predict_response(outputs, True)
+                return await off_loop(size, tfs.predict_response, outputs, True)
             shapes = tuple(
                 (name, tensor.dtype.str, tensor.shape[1:])
                 for name, tensor in sorted(request.inputs.items())
             )
             key = ("rows", model.name, version.number, request.signature_name, shapes)
-            # A request larger than one model call is cut into model-sized runs.
-            if request.rows > self.settings.max_batch_size:
-                size = rows_per_call(request.inputs, self.settings.max_batch_size)
-                runs = cut_rows(request.inputs, size)
+            # Merged with other requests only where the owner switched batching on and the
+            # signature's batch dimension is free; then a request larger than one model call is
+            # cut into model-sized runs too. Otherwise a request is one call, as TF Serving's.
+            merge = self.settings.batching and signature.spec.batch_free
+            if merge and request.rows > self.settings.max_batch_size:
+                rows = rows_per_call(request.inputs, self.settings.max_batch_size)
+                runs = cut_rows(request.inputs, rows)
             else:
                 runs = [request.inputs]
-            results = await self._wait([Piece(key, len(next(iter(r.values()))), r) for r in runs])
+            pieces = [
+                Piece(key, count, run, size * count // request.rows, merge)
+                for run in runs
+                for count in (len(next(iter(run.values()))),)
+            ]
+            results = await self._wait(pieces)
             try:
                 outputs = join_rows(results)
             except ValueError as exc:
@@ -184,11 +208,29 @@ class TensorflowRunner:
                 f"Expected {kind} signature method_name to be {expected}. "
                 f"Was: {signature.spec.method}",
             )
-        [input_name] = signature.spec.inputs
-        serialized = serialize_examples(examples.examples)
-        piece = Piece(("alone",), len(serialized), lambda: signature.call({input_name: serialized}))
+        serialized = await off_loop(size, serialize_examples, examples.examples)
+        if signature.examples is not None:
+            feed = signature.examples
+            piece = Piece(("alone",), len(serialized), lambda: feed(serialized), size, False, False)
+        else:
+            if len(signature.spec.inputs) != 1:
+                raise ServeError(
+                    400,
+                    f"signature {examples.signature_name!r} takes "
+                    f"{', '.join(sorted(signature.spec.inputs))}; classify and regress feed one "
+                    "input of serialized tf.Examples",
+                )
+            [input_name] = signature.spec.inputs
+            piece = Piece(
+                ("alone",),
+                len(serialized),
+                lambda: signature.call({input_name: serialized}),
+                size,
+                False,
+                False,
+            )
         [outputs] = await self._wait([piece])
-        return tfs.examples_response(outputs, method)
+        return await off_loop(size, tfs.examples_response, outputs, method)
 
     async def answer_body(self, model: Model, version: Version, method: str, body: bytes) -> bytes:
         document = await off_loop(

@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import binascii
 import dataclasses
+import functools
 import json
 import re
 from collections.abc import Mapping, Sequence
@@ -54,21 +55,15 @@ class SignatureSpec:
     # The SignatureDef's method_name: tensorflow/serving/predict, .../classify, .../regress.
     method: str = "tensorflow/serving/predict"
 
-
-def shape_error(name: str, spec: TensorSpec, shape: tuple[int, ...]) -> str | None:
-    """Why a tensor of `shape` cannot feed the signature's input `name`, or None when it can
-    (same rank, every known dimension equal): checked before the model runs, so a wrong shape
-    is the request's one-line 400, not an error from deep inside the graph."""
-    if spec.shape is None:
-        return None
-    if len(shape) == len(spec.shape) and all(
-        expected is None or expected == actual
-        for expected, actual in zip(spec.shape, shape, strict=True)
-    ):
-        return None
-    wanted = ",".join("-1" if d is None else str(d) for d in spec.shape)
-    got = ",".join(str(d) for d in shape)
-    return f"input {name!r} has shape [{got}], but the signature takes [{wanted}]"
+    @functools.cached_property
+    def batch_free(self) -> bool:
+        """Whether every input's first dimension is free (unknown, or of unknown rank): the
+        only signatures whose requests may be merged along it. A fixed batch dimension ([1,4])
+        or a scalar input never is."""
+        return all(
+            spec.shape is None or (len(spec.shape) > 0 and spec.shape[0] is None)
+            for spec in self.inputs.values()
+        )
 
 
 @dataclasses.dataclass(frozen=True)
