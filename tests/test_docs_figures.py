@@ -152,7 +152,7 @@ CONSTANTS = (
     Constant("docs/design.md", "beyond 8 MiB", "rank_output.py's OWN_PENDING_LIMIT"),
     Constant("docs/design.md", "each within 5 s", "rank_output.py's DRAIN_S"),
     Constant("docs/design.md", "100 MB printed", "tests/test_pump.py's flood"),
-    Constant("docs/design.md", "held for 3 s", "tests/test_pump.py's hold of stdout"),
+    Constant("docs/design.md", "held for 6 s", "tests/test_pump.py's HOLD_S"),
     Constant("docs/design.md", "lines of 5 KB", "tests/test_pump.py's entry point lines"),
     Constant("docs/model.md", "100-150 MB", "SageMaker's guidance for shard sizes"),
     Constant("docs/sdk.md", "up to 300 s", "sagemaker-train's mpi_driver.py"),

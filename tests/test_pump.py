@@ -40,6 +40,8 @@ out.write(b"done\\n")
 out.flush()
 """
 LINE = re.compile(rb"^\[algo-1 rank 0\] line (\d{9}) x+$")
+# How long the slow stdout takes nothing in the flood test.
+HOLD_S = 6.0
 
 
 def _rank(program: str, *args: str) -> tuple[subprocess.Popen[bytes], int]:
@@ -108,7 +110,7 @@ def test_pieces_end_at_line_ends_and_a_long_line_is_cut_at_pipe_buf():
 
 
 def test_100_mb_as_fast_as_it_can_through_a_slow_stdout_loses_nothing_and_is_never_quiet():
-    """The rank blocks on its pipe while stdout holds off (3 s), and reads as having written
+    """The rank blocks on its pipe while stdout holds off (HOLD_S), and reads as having written
     just now all along; every line arrives whole, in order, and the rank exits 0."""
     count, width = 100_000, 1000  # 100 MB
     with stdout_pipe() as (out_read, out_write):
@@ -126,7 +128,7 @@ def test_100_mb_as_fast_as_it_can_through_a_slow_stdout_loses_nothing_and_is_nev
         reader.held.set()
         held_from = time.monotonic()
         quiet: list[float] = []
-        while time.monotonic() - held_from < 3:
+        while time.monotonic() - held_from < HOLD_S:
             time.sleep(0.1)
             quiet.extend(sample.quiet_s for sample in watch.samples())
         assert stream.held, "the rank's lines should be waiting for stdout"
@@ -137,8 +139,9 @@ def test_100_mb_as_fast_as_it_can_through_a_slow_stdout_loses_nothing_and_is_nev
         assert writer.flush(60)
         os.close(out_write)
         reader.join(10)
-    # 30 samples while held: none quiet for more than a moment.
-    assert len(quiet) >= 10 and max(quiet) < 1.0, quiet
+    # Sampled every 0.1 s while held: never quiet for more than a moment (a loaded machine's
+    # moment: without the held state, quiet grows to HOLD_S).
+    assert len(quiet) >= 10 and max(quiet) < HOLD_S / 2, quiet
     lines = bytes(reader.data).split(b"\n")
     assert lines[-1] == b"" and lines[-2] == b"[algo-1 rank 0] done"
     numbers = []
