@@ -316,6 +316,8 @@ def test_a_stall_of_48_cheap_ranks_delivers_every_stack(make_cluster):
         for rank in range(16 * index, 16 * (index + 1)):
             assert f"[{host} rank {rank}] stack (a suspected stall):" in log, cluster.describe()
     assert "no stacks from" not in cluster.logs("algo-1"), cluster.describe()
+    # No worker was dropped for a frame's size (StacksDumped of 16 ranks, RankReports of 16).
+    assert " lost" not in cluster.logs("algo-1"), cluster.describe()
 
 
 @pytest.mark.timeout(420)
