@@ -18,7 +18,7 @@ import pytest
 pytestmark = [pytest.mark.docker]
 
 PROGRAMS = Path(__file__).parent / "programs" / "pump"
-# Ranks waiting in MPI yield the CPU instead of spinning (bench/scale.py): the flooding rank gets a core.
+# Ranks waiting in MPI yield the CPU instead of spinning (bench/scale.py).
 SHARED_CORES_ENV = {"OMPI_MCA_mpi_yield_when_idle": "1"}
 FLOOD_MB = 100
 LINE = re.compile(rb"^\[algo-1 rank 0\] line (\d{9}) x{984}$")
