@@ -10,7 +10,9 @@ containers: 2 hosts x 2 ranks under the default MPI launch. The image is SM_IMAG
   three callbacks, the low-level MNIST, the synthetic benchmark), changed only where Keras 3
   demands it, train on MNIST-shaped digits.
 
-About 1 to 2 minutes each on 2 loaded cores (TensorFlow's import is most of it)."""
+Times: not yet measured on the image (docs/tf-lines.md has what was run and how long, in one
+container under mpirun); the synthetic benchmark's first step (tracing MobileNetV2) is the
+slowest part."""
 
 from __future__ import annotations
 
