@@ -102,6 +102,29 @@ ENV NVIDIA_VISIBLE_DEVICES=all \
     NVIDIA_DRIVER_CAPABILITIES=compute,utility \
     LD_LIBRARY_PATH=/opt/venv/lib/python3.11/site-packages/nvidia/cublas/lib:/opt/venv/lib/python3.11/site-packages/nvidia/cuda_cupti/lib:/opt/venv/lib/python3.11/site-packages/nvidia/cuda_runtime/lib:/opt/venv/lib/python3.11/site-packages/nvidia/cudnn/lib:/opt/venv/lib/python3.11/site-packages/nvidia/cufft/lib:/opt/venv/lib/python3.11/site-packages/nvidia/curand/lib:/opt/venv/lib/python3.11/site-packages/nvidia/cusolver/lib:/opt/venv/lib/python3.11/site-packages/nvidia/cusparse/lib:/opt/venv/lib/python3.11/site-packages/nvidia/nccl/lib
 
+# The TensorFlow 2.21 line (FLAVOR=tf2.21-cpu; its GPU flavor does not build yet:
+# docs/tf-lines.md): Keras 3, plus tf-keras for TF_USE_LEGACY_KERAS=1; no tensorflow-io, which
+# has no release after TF 2.16. Its own requirements and pins (docker/tf2.21/, a folder of its
+# own so that the 2.14 line's requirements*.txt never picks them up); the stages below this one
+# are shared with 2.14.
+FROM os AS tf2.21-pydeps-install
+ARG FLAVOR
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+COPY docker/tf2.21/ /opt/requirements/
+# tf-keras requires `tensorflow`, which on the CPU flavor would install the 570 MB CUDA build over
+# tensorflow-cpu (the same Python code): it goes in without dependencies, and pip check below
+# allows exactly that one missing requirement.
+RUN --mount=type=cache,target=/root/.cache/pip \
+    --mount=type=secret,id=ca,target=/etc/ssl/certs/ca-certificates.crt \
+    set -eux; \
+    export PIP_CERT=/etc/ssl/certs/ca-certificates.crt; \
+    pip install -r "/opt/requirements/requirements-${FLAVOR}.txt"; \
+    pip install --no-deps -c /opt/requirements/constraints.txt tf-keras; \
+    { grep -rlZ --include='*.pem' --include='*.key' -e 'PRIVATE KEY-----' /opt/venv/lib || true; } \
+        | xargs -0r rm -v
+
+FROM tf2.21-pydeps-install AS pydeps-tf2.21-cpu
+
 # hadolint ignore=DL3006
 FROM pydeps-${FLAVOR} AS pydeps
 
@@ -154,6 +177,30 @@ ENV CC=gcc-11 \
     HOROVOD_NCCL_LINK=SHARED \
     HOROVOD_BUILD_CUDA_CC_LIST=70,75,80,86,89,90
 
+# Horovod 0.28.1 (its last release) from its sdist, checksum pinned, with our patches for
+# TensorFlow 2.21 (docker/horovod-patches/source/: each file's header says what it fixes and
+# why); docker/tf2.21/requirements-build.txt builds the patched folder. The Python side's
+# patches go into the built wheel (stage wheels-tf2.21-common).
+FROM build-common AS build-tf2.21-common
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+ARG HOROVOD_VERSION=0.28.1
+ARG HOROVOD_SHA256=92a43f5a94c43907a56805bad15f19700c62ffc83b7ca483f9e104e229f67ef0
+COPY docker/horovod-patches/source /tmp/horovod-patches
+RUN --mount=type=secret,id=ca,target=/etc/ssl/certs/ca-certificates.crt \
+    set -eux; \
+    export PIP_CERT=/etc/ssl/certs/ca-certificates.crt; \
+    pip download --no-cache-dir --no-deps --no-binary :all: --dest /tmp/sdist "horovod==${HOROVOD_VERSION}"; \
+    echo "${HOROVOD_SHA256} */tmp/sdist/horovod-${HOROVOD_VERSION}.tar.gz" | sha256sum -c -; \
+    tar -C /opt -xzf "/tmp/sdist/horovod-${HOROVOD_VERSION}.tar.gz"; \
+    mv "/opt/horovod-${HOROVOD_VERSION}" /opt/horovod-src; \
+    for patch in /tmp/horovod-patches/*.patch; do \
+        patch --directory /opt/horovod-src --strip 1 --forward --batch < "$patch"; \
+    done; \
+    rm -rf /tmp/sdist /tmp/horovod-patches
+
+FROM build-tf2.21-common AS build-tf2.21-cpu
+ENV HOROVOD_CPU_OPERATIONS=MPI
+
 # hadolint ignore=DL3006
 FROM build-${FLAVOR} AS build
 # --no-build-isolation: Horovod must compile against the tensorflow already in this venv.
@@ -166,6 +213,28 @@ RUN --mount=type=secret,id=ca,target=/etc/ssl/certs/ca-certificates.crt \
     pip wheel --no-cache-dir --no-deps --no-build-isolation --wheel-dir /wheels \
         -r /opt/requirements/requirements-build.txt
 
+# The TensorFlow 2.21 line's patches to Horovod's Python side (docker/horovod-patches/python/:
+# Keras 3) are applied to the built wheel, not to the source before its compile: a change to
+# them rebuilds this layer in seconds, not Horovod's C++ (20 minutes on 2 loaded cores).
+FROM build AS wheels-tf2.21-common
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+RUN --mount=type=bind,source=docker/horovod-patches/python,target=/tmp/horovod-patches \
+    set -eux; \
+    python -m wheel unpack --dest /tmp/unpacked /wheels/horovod-*.whl; \
+    for patch in /tmp/horovod-patches/*.patch; do \
+        patch --directory /tmp/unpacked/horovod-* --strip 1 --forward --batch < "$patch"; \
+    done; \
+    rm /wheels/horovod-*.whl; \
+    python -m wheel pack --dest-dir /wheels /tmp/unpacked/horovod-*; \
+    rm -rf /tmp/unpacked
+
+FROM wheels-tf2.21-common AS wheels-tf2.21-cpu
+FROM build AS wheels-cpu
+FROM build AS wheels-gpu
+
+# hadolint ignore=DL3006
+FROM wheels-${FLAVOR} AS wheels
+
 ################################################################################################
 # hadolint ignore=DL3006
 FROM pydeps AS final
@@ -173,10 +242,17 @@ ARG FLAVOR
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 
 # Horovod and the other compiled packages, from the build stage's wheels (no compiler here).
-RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
+RUN --mount=type=bind,from=wheels,source=/wheels,target=/wheels \
     set -eux; \
     pip install --no-deps --no-index --no-cache-dir /wheels/*.whl; \
-    pip check; \
+    if [ "$FLAVOR" = tf2.21-cpu ]; then \
+        { pip check || true; } > /tmp/pip-check.txt; \
+        sed -i -E '/^tf-keras [0-9.]+ requires tensorflow, which is not installed\.$/d' /tmp/pip-check.txt; \
+        if grep -v '^No broken requirements found\.$' /tmp/pip-check.txt; then exit 1; fi; \
+        rm /tmp/pip-check.txt; \
+    else \
+        pip check; \
+    fi; \
     horovodrun --check-build | tee /tmp/check-build.txt; \
     grep -q '\[X\] TensorFlow' /tmp/check-build.txt; \
     grep -q '\[X\] MPI' /tmp/check-build.txt; \
@@ -248,11 +324,17 @@ RUN set -eux; \
 # s3:// in TensorFlow for scripts that never import tensorflow_io (tf_s3/__init__.py). Offline
 # proof: the scheme is registered and answers (a local 404, not "not implemented"), the
 # data-parallel API imports, and the process exits 0 after creating an S3 client
-# (tensorflow/io#1912).
-    echo 'import tf_s3; tf_s3.install()' \
-        > "$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/sm-horovod-tf-s3.pth"; \
-    AWS_ACCESS_KEY_ID=smoke AWS_SECRET_ACCESS_KEY=smoke AWS_EC2_METADATA_DISABLED=true \
-        python -m tf_s3.smoke; \
+# (tensorflow/io#1912). The 2.21 line has no tensorflow-io (docs/tf-lines.md): no hook there,
+# and its data-parallel API must import.
+    case "$FLAVOR" in \
+        tf2.21*) \
+            python -c 'import smdistributed.dataparallel.tensorflow.keras';; \
+        *) \
+            echo 'import tf_s3; tf_s3.install()' \
+                > "$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/sm-horovod-tf-s3.pth"; \
+            AWS_ACCESS_KEY_ID=smoke AWS_SECRET_ACCESS_KEY=smoke AWS_EC2_METADATA_DISABLED=true \
+                python -m tf_s3.smoke;; \
+    esac; \
 # sshd must accept its configuration; a throwaway host key proves it and leaves no trace.
     ssh-keygen -q -t ed25519 -N '' -f /tmp/check_host_key; \
     /usr/sbin/sshd -t -o HostKey=/tmp/check_host_key; \
@@ -440,6 +522,7 @@ CMD []
 # the stages the chosen one needs.
 FROM final AS image-gpu
 FROM final AS image-cpu
+FROM final AS image-tf2.21-cpu
 FROM torch-final AS image-torch
 FROM torch-final AS image-torch-cpu
 # hadolint ignore=DL3006

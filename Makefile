@@ -33,7 +33,7 @@ BUCKET     ?=
 ARGS       ?=
 PYTEST_ARGS ?=
 # The images `make facts` measures (those not built here are left as last measured).
-FACT_IMAGES ?= $(IMAGE):cpu,$(IMAGE):torch-cpu,$(IMAGE):gpu,$(IMAGE):torch
+FACT_IMAGES ?= $(IMAGE):cpu,$(IMAGE):tf2.21-cpu,$(IMAGE):torch-cpu,$(IMAGE):gpu,$(IMAGE):torch
 
 GIT_SHA := $(shell git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
 TAG     ?= $(FLAVOR)
@@ -49,7 +49,7 @@ CERT_ERRORS  := certificate verify failed|certificate verification failed|SSL ce
 help: ## List the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 	@echo
-	@echo "Variables: FLAVOR=gpu|cpu IMAGE=$(IMAGE) TAG=<FLAVOR> BASE_IMAGE=$(BASE_IMAGE)"
+	@echo "Variables: FLAVOR=gpu|cpu|tf2.21-cpu|torch|torch-cpu IMAGE=$(IMAGE) TAG=<FLAVOR> BASE_IMAGE=$(BASE_IMAGE)"
 	@echo "           CA_BUNDLE=$(or $(CA_BUNDLE),<path>) DOCKER=$(DOCKER) REGISTRY=host:port REGION= STACK= BUCKET= ARGS="
 
 # ---------------------------------------------------------------------------------------------
@@ -82,8 +82,8 @@ base: check-docker ## Build the Debian base image from Debian's packages (no reg
 	fi
 
 .PHONY: build
-build: base ## Build IMAGE:FLAVOR and IMAGE:FLAVOR-<git sha> (FLAVOR=gpu|cpu)
-	@case "$(FLAVOR)" in gpu|cpu|torch|torch-cpu) ;; *) echo "error: FLAVOR must be gpu, cpu, torch or torch-cpu" >&2; exit 2;; esac
+build: base ## Build IMAGE:FLAVOR and IMAGE:FLAVOR-<git sha> (FLAVOR=gpu|cpu|tf2.21-cpu|torch|torch-cpu)
+	@case "$(FLAVOR)" in gpu|cpu|tf2.21-cpu|torch|torch-cpu) ;; *) echo "error: FLAVOR must be gpu, cpu, tf2.21-cpu, torch or torch-cpu" >&2; exit 2;; esac
 	if $(DOCKER) buildx version >/dev/null 2>&1; then \
 	    build="$(DOCKER) buildx build --load"; \
 	else \
@@ -149,12 +149,15 @@ $(SDK3_VENV)/.installed: requirements-sdk3.txt
 # The unit tests run first and stop the run on a failure, before any image is built; each
 # pytest run keeps its per-test durations in build/test-results/ (junit XML). Tests marked
 # `bench` check the benchmark's own parts: `make bench` runs them (bench-preflight).
+# The TensorFlow 2.21 line's tests (tests/test_tf221_docker.py) read its image from SM_IMAGE_TF221.
 test: setup venv venv-sdk3 ## Run every test: unit tests, then the cluster tests on the CPU images
 	@$(PY) -m bench.facts start test
 	$(PY) -m pytest -m "not docker" --junitxml=build/test-results/unit.xml $(PYTEST_ARGS)
 	$(MAKE) build FLAVOR=cpu DOCKER=$(DOCKER)
 	$(MAKE) build FLAVOR=torch-cpu DOCKER=$(DOCKER)
-	SM_IMAGE=$(IMAGE):cpu SM_TORCH_IMAGE=$(IMAGE):torch-cpu DOCKER=$(DOCKER) \
+	$(MAKE) build FLAVOR=tf2.21-cpu DOCKER=$(DOCKER)
+	SM_IMAGE=$(IMAGE):cpu SM_TORCH_IMAGE=$(IMAGE):torch-cpu SM_IMAGE_TF221=$(IMAGE):tf2.21-cpu \
+	    DOCKER=$(DOCKER) \
 	    SDK3_PYTHON=$(abspath $(SDK3_VENV))/bin/python \
 	    $(PY) -m pytest -m "docker and not bench" --junitxml=build/test-results/docker.xml $(PYTEST_ARGS)
 	@$(PY) -m bench.facts finish test

@@ -186,6 +186,27 @@ def test_keras_checkpoints_tensorboard_and_export_on_s3(s3_cluster):
     assert any(key.startswith("keras/tensorboard/train/events.out.tfevents.") for key in keys)
 
 
+def test_import_keras_before_tensorflow_then_s3_ends_with_exit_0(s3_cluster):
+    """`import keras` first used to import tensorflow halfway through keras's own import:
+    tensorflow_io then failed on a circular import (every rank logged "tensorflow_io not
+    loaded"), and the plugin that had registered crashed the process after its last line
+    (exit 139). About 40 s."""
+    cluster, s3 = s3_cluster(
+        1,
+        hyperparameters={"sagemaker_program": "keras_first.py", "model_dir": "s3://models/kf"},
+        code_dir=S3_DIR,
+    )
+    cluster.start()
+    assert cluster.wait(timeout=200) == {"algo-1": 0}, cluster.describe()
+    log = cluster.logs("algo-1")
+    assert "KERAS_FIRST_S3_DONE tensorflow_io=True read='written after import keras'" in log, log[
+        -4000:
+    ]
+    assert "not loaded" not in log, log[-4000:]
+    assert "pure virtual method called" not in log, log[-4000:]
+    assert s3.keys("models", "kf/") == ["kf/keras-first.txt"]
+
+
 def test_a_wrong_bucket_fails_in_one_line_naming_it(s3_cluster):
     cluster, _ = s3_cluster(
         2,

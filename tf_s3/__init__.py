@@ -20,9 +20,13 @@ import atexit
 import ctypes
 import os
 import sys
+from collections.abc import Mapping
 from types import ModuleType
 
 DISABLE_ENV = "SM_HVD_TF_S3"
+# tensorflow_io imports Keras: loaded while either of these is half-imported, it fails on a
+# circular import. Whichever of them finishes importing last loads it.
+_WAIT_FOR = ("tensorflow", "keras")
 
 
 def install() -> None:
@@ -31,19 +35,47 @@ def install() -> None:
         return
     import wrapt  # noqa: PLC0415 (only when enabled; TensorFlow depends on it)
 
-    wrapt.register_post_import_hook(_load_plugins, "tensorflow")
+    loader = _PluginLoader()
+    for name in _WAIT_FOR:
+        wrapt.register_post_import_hook(loader.on_import, name)
 
 
-def _load_plugins(_tensorflow: ModuleType) -> None:
-    try:
-        import tensorflow_io  # noqa: F401, PLC0415 (registers the file system plugins)
-    except Exception as error:  # noqa: BLE001 (an import of TensorFlow must never fail here)
-        print(
-            f"sm-horovod: tensorflow_io not loaded, s3:// paths are unavailable: {error}",
-            file=sys.stderr,
-        )
-        return
-    atexit.register(exit_before_static_destructors)
+def ready_to_load(modules: Mapping[str, object], just_imported: str) -> bool:
+    """Whether tensorflow_io can be imported now that `just_imported` ran its code: tensorflow
+    is imported, and neither it nor keras is still running its own import (a script's
+    `import keras` imports tensorflow halfway through, and tensorflow's hook then sees keras
+    half-imported). The hook runs inside the import of `just_imported`, which importlib still
+    marks as initializing: its code has run."""
+    if "tensorflow" not in modules:
+        return False
+    return not any(_initializing(modules.get(name)) for name in _WAIT_FOR if name != just_imported)
+
+
+def _initializing(module: object) -> bool:
+    """True while the module's own code runs: importlib marks its spec so, and that is what
+    its "partially initialized module" error reads."""
+    return bool(getattr(getattr(module, "__spec__", None), "_initializing", False))
+
+
+class _PluginLoader:
+    """Imports tensorflow_io once per process, at the first hook that finds it ready."""
+
+    def __init__(self) -> None:
+        self.tried = False
+
+    def on_import(self, module: ModuleType) -> None:
+        if self.tried or not ready_to_load(sys.modules, module.__name__):
+            return
+        self.tried = True
+        # First: a plugin library that registered before a failure below still crashes at exit.
+        atexit.register(exit_before_static_destructors)
+        try:
+            import tensorflow_io  # noqa: F401, PLC0415 (registers the file system plugins)
+        except Exception as error:  # noqa: BLE001 (an import of TensorFlow must never fail here)
+            print(
+                f"sm-horovod: tensorflow_io not loaded, s3:// paths are unavailable: {error}",
+                file=sys.stderr,
+            )
 
 
 def exit_before_static_destructors() -> None:

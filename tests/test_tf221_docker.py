@@ -1,0 +1,113 @@
+"""The TensorFlow 2.21 line (Keras 3, Horovod 0.28.1 with docker/horovod-patches/) in real
+containers: 2 hosts x 2 ranks under the default MPI launch. The image is SM_IMAGE_TF221
+(`make build FLAVOR=tf2.21-cpu`; default sm-horovod:tf2.21-cpu).
+
+- `model.fit` with hvd.DistributedOptimizer ends with the same weights on every rank, equal to
+  one process trained on the union of the ranks' data, under Keras 3 and under tf_keras
+  (TF_USE_LEGACY_KERAS=1); the same model with the plain optimizer visibly diverges, so the
+  check would see unsynchronized training.
+- Horovod's own TF2 examples (tests/programs/tf221/horovod_examples/: Keras MNIST with its
+  three callbacks, the low-level MNIST, the synthetic benchmark), changed only where Keras 3
+  demands it, train on MNIST-shaped digits.
+
+Times: not yet measured on the image (docs/tf-lines.md has what was run and how long, in one
+container under mpirun); the synthetic benchmark's first step (tracing MobileNetV2) is the
+slowest part."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.test_tf_distribute import make_mnist_npy
+
+TF221_IMAGE = os.environ.get("SM_IMAGE_TF221", "sm-horovod:tf2.21-cpu")
+PROGRAMS = Path(__file__).parent / "programs" / "tf221"
+EXAMPLES = PROGRAMS / "horovod_examples"
+JOB_TIMEOUT_S = 400
+
+pytestmark = [pytest.mark.docker(image=TF221_IMAGE), pytest.mark.timeout(JOB_TIMEOUT_S + 120)]
+
+
+@pytest.fixture
+def image() -> str:
+    """make_cluster's image: the 2.21 line's."""
+    return TF221_IMAGE
+
+
+@pytest.fixture(scope="module")
+def mnist_npy(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_mnist_npy(tmp_path_factory.mktemp("mnist") / "training")
+
+
+def run_two_by_two(make_cluster, example: str, **kwargs) -> str:
+    """`example` (a program in tests/programs/tf221/, or one of Horovod's examples through
+    run_example.py) on algo-1 and algo-2, 2 ranks each; returns the master's log."""
+    if (EXAMPLES / example).is_file():
+        hyperparameters = {"sagemaker_program": "run_example.py", "example": example}
+    else:
+        hyperparameters = {"sagemaker_program": example}
+    hyperparameters.update({"ranks_per_host": "2", **kwargs.pop("hyperparameters", {})})
+    cluster = make_cluster(2, hyperparameters=hyperparameters, code_dir=PROGRAMS, **kwargs)
+    cluster.start()
+    codes = cluster.wait(timeout=JOB_TIMEOUT_S)
+    assert codes == {"algo-1": 0, "algo-2": 0}, cluster.describe()
+    master = cluster.logs("algo-1")
+    assert re.search(r"mpirun --allow-run-as-root .*-np 4 -H algo-1:2,algo-2:2 ", master), master
+    return master
+
+
+@pytest.mark.parametrize(
+    ("keras", "tf_keras_module"), [("keras3", "keras"), ("tf_keras", "tf_keras")]
+)
+def test_model_fit_with_distributed_optimizer_equals_one_process(
+    make_cluster, keras, tf_keras_module
+):
+    master = run_two_by_two(make_cluster, "fit_equivalence.py", hyperparameters={"keras": keras})
+    line = re.search(r"FIT_EQUIVALENCE .*", master)
+    assert line, master[-4000:]
+    assert f"keras={keras} tf.keras={tf_keras_module}" in line.group(), line.group()
+    assert "ranks=4 steps=6 same_on_every_rank=True" in line.group(), line.group()
+    assert line.group().endswith("ok=True"), line.group()
+
+
+def test_horovod_keras_mnist_example_with_its_callbacks(make_cluster, mnist_npy):
+    master = run_two_by_two(
+        make_cluster,
+        "tensorflow2_keras_mnist.py",
+        channels={"training": mnist_npy},
+        env={"EXAMPLE_STEPS": "16", "EXAMPLE_EPOCHS": "2"},
+    )
+    # LearningRateWarmupCallback(verbose=1) and the epochs' averaged metrics on rank 0.
+    assert "Epoch 2/2" in master, master[-4000:]
+    assert re.search(r"accuracy: [0-9.]+ - loss: [0-9.]+", master), master[-4000:]
+
+
+def test_horovod_low_level_mnist_example(make_cluster, mnist_npy):
+    master = run_two_by_two(
+        make_cluster,
+        "tensorflow2_mnist.py",
+        channels={"training": mnist_npy},
+        env={"EXAMPLE_STEPS": "80"},
+    )
+    steps = re.findall(r"Step #(\d+)\tLoss: ([0-9.]+)", master)
+    assert [step for step, _ in steps] == ["0", "10"], master[-4000:]
+
+
+def test_horovod_synthetic_benchmark_example(make_cluster):
+    master = run_two_by_two(
+        make_cluster,
+        "tensorflow2_synthetic_benchmark.py",
+        hyperparameters={
+            "model": "MobileNetV2",
+            "batch-size": "4",
+            "num-warmup-batches": "1",
+            "num-batches-per-iter": "1",
+            "num-iters": "2",
+        },
+    )
+    # Without --no-cuda (a flag a hyperparameter cannot give) it says GPU and runs on the CPU.
+    assert re.search(r"Total img/sec on 4 [CG]PU\(s\): [0-9.]+", master), master[-4000:]
