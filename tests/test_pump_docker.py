@@ -26,7 +26,10 @@ LINE = re.compile(rb"^\[algo-1 rank 0\] line (\d{9}) x{984}$")
 SLOW_STDOUT = (
     "mkfifo /tmp/stdout; "
     "python /opt/ml/code/slow_stdout.py /tmp/stdout --out /opt/ml/output/stdout.log & "
-    "exec train > /tmp/stdout 2>&1"
+    # The reader lives in the container: it must read to the FIFO's end before the container
+    # ends (Docker's own log reader outlives the process; a reader killed with the container
+    # would lose what the pipe still held).
+    "reader=$!; train > /tmp/stdout 2>&1; code=$?; wait $reader; exit $code"
 )
 
 
