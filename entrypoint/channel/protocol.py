@@ -194,10 +194,16 @@ def _outcome(fields: Fields) -> tuple[int, Failure | None]:
     return _exit_code(fields.get("exit_code")), _failure(fields.get("failure"))
 
 
-def _request_id(value: object) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise ProtocolError(f"request id {value!r} is not a non-negative integer")
+def _integer(value: object, what: str, minimum: int) -> int:
+    """`value` as a JSON integer of at least `minimum` (bool is no integer here)."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        kind = "non-negative" if minimum == 0 else "positive"
+        raise ProtocolError(f"{what} {value!r} is not a {kind} integer")
     return value
+
+
+def _request_id(value: object) -> int:
+    return _integer(value, "request id", 0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -367,9 +373,7 @@ class Ack(Message):
 
 
 def _attempt(value: object) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ProtocolError(f"attempt {value!r} is not a positive integer")
-    return value
+    return _integer(value, "attempt", 1)
 
 
 @dataclasses.dataclass(frozen=True)
