@@ -35,8 +35,12 @@ def test_allreduce_over_the_channel_launch_without_sshd(make_cluster):
 
 def run_then_break(make_cluster, breaking: str, victim: str, command: list[str] | None):
     """A long 2-host job; once every rank runs, kill `victim`'s container (command None) or run
-    `command` in it. Every surviving host must exit non-zero within FAIL_FAST_S."""
-    cluster = make_cluster(2, hyperparameters=channel_mode(seconds=120), code_dir=PROGRAMS)
+    `command` in it. Every surviving host must exit non-zero within FAIL_FAST_S. Restarts are
+    off: a fault a restart can cure restarts the job by default (test_the_agent_killed_on_the_
+    master_is_cured_by_a_restart, tests/test_recovery_docker.py)."""
+    cluster = make_cluster(
+        2, hyperparameters=channel_mode(seconds=120, max_restarts="0"), code_dir=PROGRAMS
+    )
     cluster.start()
     # Each rank's lines are on its own host's log (the stall work's log pump).
     cluster.wait_for_log("algo-2", "RUNNING rank=1", timeout=120)
@@ -72,6 +76,22 @@ def test_the_agent_killed_on_the_master_fails_every_host(make_cluster):
         make_cluster, "agent killed", "algo-1", ["pkill", "-KILL", "-f", "sm-horovod-rsh-agent"]
     )
     assert "algo-2" in cluster.logs("algo-1"), cluster.describe()
+
+
+def test_the_agent_killed_on_the_master_is_cured_by_a_restart(make_cluster):
+    """Default settings: mpirun loses its daemon on algo-2 (exit 137), a fault a restart can
+    cure; the job starts again in place on the same hosts and ends 0."""
+    cluster = make_cluster(2, hyperparameters=channel_mode(seconds=15), code_dir=PROGRAMS)
+    cluster.start()
+    cluster.wait_for_log("algo-2", "RUNNING rank=1", timeout=120)
+    kill_agent = ["pkill", "-KILL", "-f", "sm-horovod-rsh-agent"]
+    docker_command(cluster.docker, "exec", cluster.container("algo-1"), *kill_agent)
+    assert cluster.wait(timeout=150) == {"algo-1": 0, "algo-2": 0}, cluster.describe()
+    master = cluster.logs("algo-1")
+    assert "restart 1 of 3 after: TrainingFailed: mpirun exited with code 137" in master, (
+        cluster.describe()
+    )
+    assert cluster.logs("algo-2").count("RUNNING rank=1") == 2, cluster.describe()
 
 
 # The call-back deadline these tests ask for (orted_callback_timeout), to stay fast.

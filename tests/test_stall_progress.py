@@ -11,14 +11,20 @@ from entrypoint.host.progress import (
     TreeReading,
     gained_ns,
     parse_io,
+    parse_read_chars,
     parse_schedstat,
 )
 
 
 def reading(
-    main_ns: int = 0, threads=None, io: int = 0, state: str = "S", children=None
+    main_ns: int = 0,
+    threads=None,
+    io: int = 0,
+    state: str = "S",
+    children=None,
+    main_read_chars: int = 0,
 ) -> TreeReading:
-    return TreeReading(main_ns, threads or {}, children or {}, io, state)
+    return TreeReading(main_ns, threads or {}, children or {}, io, state, main_read_chars)
 
 
 def test_schedstat_and_io_fields():
@@ -29,6 +35,8 @@ def test_schedstat_and_io_fields():
     )
     # Pipes and sockets (rchar, wchar) are no storage I/O: MPI's and the pump's bytes.
     assert parse_io(io) == 12288
+    # The bytes read from anything, sockets and pipes too: a collective's reads of its peers.
+    assert parse_read_chars(io) == 900
 
 
 def test_threads_new_since_the_last_reading_count_from_zero_and_gone_ones_not_at_all():
@@ -48,6 +56,8 @@ BUSY_NS = int(MAIN_BUSY_SHARE * 2e9)
         (reading(main_ns=BUSY_NS - 1), False),
         (reading(main_ns=BUSY_NS), True),
         (reading(io=1), True),
+        # The main thread read a peer's bytes (a collective that completed), with little CPU.
+        (reading(main_ns=100_000, main_read_chars=64), True),
         # A child process (its threads together), as tar or `aws s3 cp` started by the rank.
         (reading(children={50: BUSY_NS // 2, 51: BUSY_NS // 2}), True),
         (reading(children={50: BUSY_NS - 1}), False),
@@ -73,3 +83,30 @@ def test_the_helpers_share_is_kept_over_the_window():
             assert progress.helper_share() == pytest.approx(0.25)
     assert progress.helper_share() == pytest.approx(1.5)
     assert progress.state == "S"
+
+
+def test_a_reading_of_a_fake_proc_tree(tmp_path):
+    """activity.read_tree over a /proc laid out as Linux's: the main thread's run time and
+    reads, the other threads', a child's, and the tree's storage I/O."""
+    from entrypoint.host.activity import ThreadTimes, read_tree  # noqa: PLC0415
+
+    def task(pid: int, tid: int, run_ns: int, rchar: int = 0) -> None:
+        folder = tmp_path / str(pid) / "task" / str(tid)
+        folder.mkdir(parents=True)
+        (folder / "schedstat").write_text(f"{run_ns} 0 1\n")
+        (folder / "io").write_text(f"rchar: {rchar}\nwchar: 5\nread_bytes: 0\nwrite_bytes: 0\n")
+
+    task(100, 100, 7_000, rchar=4_096)
+    task(100, 101, 3_000)
+    task(200, 200, 9_000)
+    (tmp_path / "100" / "io").write_text("rchar: 1\nread_bytes: 512\nwrite_bytes: 0\n")
+    (tmp_path / "200" / "io").write_text("rchar: 1\nread_bytes: 0\nwrite_bytes: 1024\n")
+    processes = {100: ThreadTimes(0, "S", ppid=1), 200: ThreadTimes(0, "R", ppid=100)}
+    assert read_tree(100, processes, tmp_path) == TreeReading(
+        main_ns=7_000,
+        threads={101: 3_000},
+        children={200: 9_000},
+        io_bytes=1_536,
+        state="S",
+        main_read_chars=4_096,
+    )

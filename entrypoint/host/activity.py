@@ -23,7 +23,13 @@ from pathlib import Path
 from stat import S_ISDIR
 
 from entrypoint.host import rank_shim, stacks
-from entrypoint.host.progress import RankProgress, TreeReading, parse_io, parse_schedstat
+from entrypoint.host.progress import (
+    RankProgress,
+    TreeReading,
+    parse_io,
+    parse_read_chars,
+    parse_schedstat,
+)
 from entrypoint.host.rank_output import OutputPump, Stream
 from entrypoint.stall import Frame, RankSample
 
@@ -131,11 +137,16 @@ def read_tree(
         if io is not None:
             with contextlib.suppress(ValueError):
                 io_bytes += parse_io(io)
+    main_read_chars = 0
+    main_io = _read(proc / str(pid) / "task" / str(pid) / "io")
+    if main_io is not None:
+        with contextlib.suppress(ValueError):
+            main_read_chars = parse_read_chars(main_io)
     try:
         main_ns = parse_schedstat(main)
     except (ValueError, IndexError):
         return None
-    return TreeReading(main_ns, threads, children, io_bytes, stat.state)
+    return TreeReading(main_ns, threads, children, io_bytes, stat.state, main_read_chars)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -6,15 +6,26 @@ and its child processes': TensorFlow's and torch's pools, a worker thread, `tar`
 rank, a `/bin/sh` wrapper's program), from /proc/PID/task/TID/schedstat (nanoseconds: a thread
 that wakes for a few microseconds a second, as a `time.sleep(1)` loop, shows as the few
 microseconds it ran, not as a 10 ms tick at random), and the tree's storage I/O
-(/proc/PID/io read_bytes + write_bytes).
+(/proc/PID/io read_bytes + write_bytes), and the bytes the main thread itself read
+(/proc/PID/task/PID/io rchar: read(2) and readv(2) of sockets, pipes and files).
 
-- The main thread progresses when it ran MAIN_BUSY_SHARE of a core over a sampling interval;
-  the child processes (all their threads together) likewise; the tree's storage I/O, when it
-  grew. Each resets the rank's idle clock: a waiting rank has no child that runs (measured:
+- The main thread progresses when it ran MAIN_BUSY_SHARE of a core over a sampling interval, or
+  read a byte; the child processes (all their threads together) likewise ran; the tree's storage
+  I/O, when it grew. Each resets the rank's idle clock: a waiting rank has no child that runs (measured:
   tests/programs/stall/wait_cost.py; Horovod, MPI and gloo wait in threads of the rank).
 - The rank's other threads' CPU (its *helpers*) is kept as a share of a core over
   ACTIVITY_WINDOW_S: the rule (stall.py `judge`) compares it with what a waiting rank's threads
   burn, since Horovod's background loop spins while its rank waits.
+
+Why the main thread's reads: a rank that steps every half second and computes little (a loop
+around a small allreduce, a polling loop of a job that waits for data) runs its main thread
+well under MAIN_BUSY_SHARE on a quiet host, yet each step's collective reads its peers' bytes
+(OpenMPI's TCP transport readv(2)s in the calling thread). A rank that waits on a peer reads
+nothing: its collective has no bytes to read (measured in tests/test_stall.py's healthy silent
+job, which a quiet CI host ended as stalled on CPU alone). Only reads count, not writes: a rank
+whose main thread logs "still waiting" lines writes, and a waiting line is no progress
+(stall.py `is_progress_line`). Sockets read with recv(2) (NCCL's, gloo's loop thread) are not
+counted by rchar: their ranks' progress shows as CPU, as before.
 """
 
 from __future__ import annotations
@@ -47,6 +58,8 @@ class TreeReading:
     io_bytes: int
     # The rank process' state (R, S, D, T, t, Z...).
     state: str
+    # Bytes the main thread read (rchar): its sockets', pipes' and files'.
+    main_read_chars: int = 0
 
 
 def parse_schedstat(text: str) -> int:
@@ -54,10 +67,19 @@ def parse_schedstat(text: str) -> int:
     return int(text.split(maxsplit=1)[0])
 
 
+def _io_fields(text: str) -> dict[str, str]:
+    return dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+
+
 def parse_io(text: str) -> int:
     """/proc/PID/io's read_bytes + write_bytes (storage I/O, not pipes or sockets)."""
-    fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+    fields = _io_fields(text)
     return int(fields.get("read_bytes", "0")) + int(fields.get("write_bytes", "0"))
+
+
+def parse_read_chars(text: str) -> int:
+    """/proc/PID/task/TID/io's rchar: the bytes a thread read, from anything."""
+    return int(_io_fields(text).get("rchar", "0"))
 
 
 def gained_ns(before: Mapping[int, int], after: Mapping[int, int]) -> int:
@@ -90,6 +112,7 @@ class RankProgress:
                 main_share >= MAIN_BUSY_SHARE
                 or children_share >= MAIN_BUSY_SHARE
                 or reading.io_bytes > before.io_bytes
+                or reading.main_read_chars > before.main_read_chars
             ):
                 self.advanced_at = now
             self._helpers.append((then, now, gained_ns(before.threads, reading.threads)))
