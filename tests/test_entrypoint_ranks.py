@@ -3,6 +3,7 @@ real Unix sockets, real signals; no Docker."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -185,3 +186,56 @@ def test_a_registration_without_its_pipes_is_refused_not_recorded(tmp_path):
         assert registry.pids == []
     finally:
         registry.close()
+
+
+def test_a_burst_of_ranks_all_register(tmp_path):
+    """64 ranks of one host registering at once (16 per host failed in CI: socketserver's
+    backlog of 5, and the shim's connect with a timeout fails at once on a full backlog)."""
+    registry = RankRegistry(tmp_path / "ranks.sock")
+    try:
+        processes = [
+            rank(registry.path, sys.executable, "-c", "import time; time.sleep(30)")
+            for _ in range(64)
+        ]
+        wait_for(lambda: len(registry.pids) == 64, timeout=50)
+        assert sorted(registry.pids) == sorted(process.pid for process in processes)
+        assert registry.send(signal.SIGTERM) == 64
+        assert [process.wait(10) for process in processes] == [-signal.SIGTERM] * 64
+    finally:
+        registry.close()
+
+
+def test_the_shim_waits_for_room_in_a_full_backlog(tmp_path):
+    """A registry whose backlog is full (it accepts late): the shim tries again instead of
+    exiting 127."""
+    path = tmp_path / "busy.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
+        server.bind(str(path))
+        server.listen(0)
+        # Fill the backlog: the shim's connect now fails with EAGAIN until one is accepted.
+        fillers = []
+        with contextlib.suppress(BlockingIOError):
+            for _ in range(8):
+                filler = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                fillers.append(filler)
+                filler.setblocking(False)
+                filler.connect(str(path))
+        shim = rank(path, "true")
+        time.sleep(0.5)
+        assert shim.poll() is None
+        # Drain the fillers (closed: each reads as an empty message), then answer the shim's
+        # registration.
+        for filler in fillers:
+            filler.close()
+        server.settimeout(10)
+        while True:
+            connection, _ = server.accept()
+            message, fds, _flags, _address = socket.recv_fds(connection, 1024, 4)
+            if message:
+                for fd in fds:
+                    os.close(fd)
+                connection.sendall(rank_shim.REGISTERED)
+                connection.close()
+                break
+            connection.close()
+        assert shim.wait(10) == 0

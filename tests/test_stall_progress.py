@@ -21,6 +21,7 @@ def reading(
     threads=None,
     io: int = 0,
     state: str = "S",
+    *,
     children=None,
     main_read_chars: int = 0,
 ) -> TreeReading:

@@ -10,9 +10,10 @@ microseconds it ran, not as a 10 ms tick at random), and the tree's storage I/O
 (/proc/PID/task/PID/io rchar: read(2) and readv(2) of sockets, pipes and files).
 
 - The main thread progresses when it ran MAIN_BUSY_SHARE of a core over a sampling interval, or
-  read a byte; the child processes (all their threads together) likewise ran; the tree's storage
-  I/O, when it grew. Each resets the rank's idle clock: a waiting rank has no child that runs (measured:
-  tests/programs/stall/wait_cost.py; Horovod, MPI and gloo wait in threads of the rank).
+  read a byte; the child processes (all their threads together) likewise ran; the tree's
+  storage I/O, when it grew. Each resets the rank's idle clock: a waiting rank has no child
+  that runs (measured: tests/programs/stall/wait_cost.py; Horovod, MPI and gloo wait in
+  threads of the rank).
 - The rank's other threads' CPU (its *helpers*) is kept as a share of a core over
   ACTIVITY_WINDOW_S: the rule (stall.py `judge`) compares it with what a waiting rank's threads
   burn, since Horovod's background loop spins while its rank waits.

@@ -27,6 +27,7 @@ from __future__ import annotations
 import os
 import socket
 import sys
+import time
 from collections.abc import Mapping, Sequence
 
 # Where the rank finds its host's registry (set in the ranks' environment by the plan).
@@ -54,6 +55,7 @@ TORCHELASTIC_RESTART_COUNT_ENV = "TORCHELASTIC_RESTART_COUNT"
 # Exit code when the rank cannot register or its program cannot start (a shell's "not run").
 NOT_RUN_EXIT_CODE = 127
 _REGISTER_TIMEOUT_S = 30.0
+_BACKLOG_RETRY_S = 0.01
 
 
 def output_label(env: Mapping[str, str]) -> str:
@@ -69,9 +71,20 @@ def output_label(env: Mapping[str, str]) -> str:
 def register(path: str, label: str, fds: list[int]) -> None:
     """Tell the registry at `path` this process is the rank `label`, handing it `fds` (its
     output's and its heartbeats' read ends); returns once it is recorded."""
+    deadline = time.monotonic() + _REGISTER_TIMEOUT_S
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
         connection.settimeout(_REGISTER_TIMEOUT_S)
-        connection.connect(path)
+        # A Unix socket with a timeout does not wait for room in a full backlog as a blocking
+        # one does: connect fails with EAGAIN at once. The registry is up but busy accepting
+        # its host's other ranks: try again until the deadline.
+        while True:
+            try:
+                connection.connect(path)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(_BACKLOG_RETRY_S)
         socket.send_fds(connection, [label.encode() + b"\n"], fds)
         answer = connection.makefile("rb").readline()
     if answer != REGISTERED:

@@ -33,6 +33,11 @@ class PrivateUnixServer:
                 handle(self.request)
 
         class Server(socketserver.ThreadingUnixStreamServer):
+            # socketserver listens with a backlog of 5: the 7th of a host's ranks registering
+            # at once (16 mpi4py ranks of a quiet host, 8 GPUs' ranks) was refused with EAGAIN
+            # before the accept loop caught up, and its rank exited 127 (a CI failure).
+            request_queue_size = socket.SOMAXCONN
+
             def handle_error(self, request: object, client_address: object) -> None:
                 # One line in the log (socketserver's default prints a traceback on stderr).
                 error = sys.exc_info()[1]
