@@ -51,6 +51,37 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         skip_or_fail(f"docker test cannot run: {problem}")
 
 
+# `make test` runs the docker tests in parallel processes (pytest-xdist, --dist loadgroup):
+# most of their time is spent waiting (timeouts, container starts), not computing. A group runs
+# in one process, in order: each test file is one, and the files that use the SDKs' local mode
+# are one together: its jobs and endpoints take fixed host names (algo-1...) on one fixed
+# network (sagemaker-local, where the S3 stand-in answers as `s3`), and its endpoints the host's
+# port 8080.
+_SDK_LOCAL_MODE = "sdk-local-mode"
+_SHARED_GROUPS = dict.fromkeys(
+    (
+        "test_sdk_local.py",
+        "test_sdk_v3.py",
+        "test_aws_tf_scripts.py",
+        "test_serve_docker.py",
+        "test_serve_generic_docker.py",
+        "test_serve_torch_docker.py",
+        "test_smddp_torch.py",
+    ),
+    _SDK_LOCAL_MODE,
+)
+
+
+def xdist_group(path: Path) -> str:
+    """The process group of a test file's tests under `--dist loadgroup`."""
+    return _SHARED_GROUPS.get(path.name, path.stem)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(xdist_group(item.path)))
+
+
 def in_ci() -> bool:
     return os.environ.get("CI") == "true"
 

@@ -57,3 +57,16 @@ def test_outside_ci_a_docker_test_may_skip(tmp_path: Path) -> None:
     result = run_pytest(tmp_path, ci=False)
     assert result.returncode == 0, result.stdout
     assert "3 skipped" in result.stdout, result.stdout
+
+
+def test_the_files_that_use_the_sdks_local_mode_run_in_one_process() -> None:
+    from tests.conftest import xdist_group  # noqa: PLC0415 - the hook's rule, not a fixture
+
+    tests = REPO / "tests"
+    for name in ("test_sdk_local.py", "test_sdk_v3.py", "test_serve_docker.py"):
+        assert xdist_group(tests / name) == "sdk-local-mode"
+    assert xdist_group(tests / "test_stall.py") == "test_stall"
+    # Every file named there exists (a renamed file would run beside the others).
+    from tests.conftest import _SHARED_GROUPS  # noqa: PLC0415
+
+    assert all((tests / name).is_file() for name in _SHARED_GROUPS)
