@@ -17,7 +17,7 @@ from entrypoint.contract import (
     parse_contract,
 )
 from entrypoint.host.children import ChildProcess, torchrun_root_cause
-from entrypoint.host.rank_output import ERROR_MARKERS, OutputPump
+from entrypoint.host.rank_output import OutputPump
 from entrypoint.job import (
     HostProcess,
     JobShape,
@@ -498,16 +498,16 @@ Root Cause (first observed failure):
 
 def test_a_torchrun_failure_names_the_root_cause_rank_and_its_error():
     lines = tuple(TORCHRUN_FAILURE.splitlines())
-    assert torchrun_root_cause(lines, ERROR_MARKERS) == (
+    assert torchrun_root_cause(lines) == (
         "rank 1 (local_rank: 1) exited with code 1: RuntimeError: failing on purpose on rank 1"
     )
     # Without torch's [rank<R>]: prefix: the last error line before torchrun's traceback.
     unprefixed = tuple(line.removeprefix("[rank1]: ") for line in lines if "[rank0]" not in line)
-    assert torchrun_root_cause(unprefixed, ERROR_MARKERS) == (
+    assert torchrun_root_cause(unprefixed) == (
         "rank 1 (local_rank: 1) exited with code 1: RuntimeError: failing on purpose on rank 1"
     )
     # Output without torchrun's summary: not torchrun's failure.
-    assert torchrun_root_cause(lines[:5], ERROR_MARKERS) is None
+    assert torchrun_root_cause(lines[:5]) is None
 
 
 def test_only_a_python_program_runs_under_mpi4pys_runner():

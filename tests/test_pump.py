@@ -25,7 +25,9 @@ from entrypoint.host.rank_output import (
     LogHandler,
     OutputPump,
     OutputWriter,
+    last_error,
     line_chunks,
+    reads_like_error,
 )
 
 # A rank printing numbered lines of LINE_BYTES as fast as it can, then "done".
@@ -354,3 +356,24 @@ def test_a_child_whose_grandchild_holds_its_pipe_costs_one_wait_not_one_per_poll
             assert child.poll() == 0
         assert time.monotonic() - started < 1
         child.end(0, reap_s=1)
+
+
+@pytest.mark.parametrize(
+    ("line", "is_error"),
+    [
+        ("ValueError: bad shape", True),
+        ("ld: error: undefined symbol", True),
+        ("train.py: error: unrecognized arguments: --x", True),
+        ("Traceback (most recent call last):", True),
+        ("[algo-1:00020] *** Process received signal ***: exited on signal 9", True),
+        ("RuntimeError: NCCL error", True),
+        # Keras's metric lines name their metrics with "error": no error.
+        ("100/100 - loss: 0.2 - mean_absolute_error: 0.05 - val_mean_squared_error: 0.1", False),
+        ("epoch 3: train.error: 0.1", False),
+        ("step 10 loss 0.3", False),
+    ],
+)
+def test_which_lines_read_like_an_error(line, is_error):
+    assert reads_like_error(line) is is_error
+    metrics = "100/100 - loss: 0.2 - mean_absolute_error: 0.05"
+    assert last_error(["ValueError: x", metrics]) == "ValueError: x"

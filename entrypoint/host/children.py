@@ -9,22 +9,15 @@ import os
 import re
 import signal
 import subprocess
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from entrypoint.host import rank_shim
-from entrypoint.host.rank_output import ERROR_MARKERS, OutputPump, Stream
+from entrypoint.host.rank_output import OutputPump, Stream, last_error
 from entrypoint.host.rank_shim import HEARTBEAT_FD_ENV, STACKS_DIR_ENV
 
 # How long a child gets to exit after SIGTERM in a teardown before its group is killed.
 KILL_WAIT_S = 5.0
-
-
-def _last_marked(lines: Iterable[str], markers: Sequence[str]) -> str | None:
-    for line in reversed(list(lines)):
-        if any(marker in line for marker in markers):
-            return line.strip()
-    return None
 
 
 # torchrun's summary of a failed run (torch/distributed/elastic/multiprocessing/errors): a
@@ -36,7 +29,7 @@ _SUMMARY_FIELD = re.compile(r"^\s*(rank|exitcode)\s*:\s*(.+?)\s*$")
 _TORCHRUN_TRACEBACK = "Traceback (most recent call last):"  # its first line
 
 
-def torchrun_root_cause(lines: Sequence[str], markers: Sequence[str]) -> str | None:
+def torchrun_root_cause(lines: Sequence[str]) -> str | None:
     """'rank R (local_rank: L) exited with code C: <the rank's last error line>' from
     torchrun's failure summary, or None where the lines hold none."""
     starts = [index for index, line in enumerate(lines) if _ROOT_CAUSE in line]
@@ -53,20 +46,17 @@ def torchrun_root_cause(lines: Sequence[str], markers: Sequence[str]) -> str | N
     summary = f"rank {fields['rank']} exited with code {code}"
     # torch prefixes an uncaught exception's lines in a rank with "[rank<R>]: ".
     rank_prefix = f"[rank{fields['rank'].split()[0]}]:"
-    rank_error = _last_marked(
-        (
-            line.removeprefix(rank_prefix).strip()
-            for line in lines[: starts[-1]]
-            if line.startswith(rank_prefix)
-        ),
-        markers,
+    rank_error = last_error(
+        line.removeprefix(rank_prefix).strip()
+        for line in lines[: starts[-1]]
+        if line.startswith(rank_prefix)
     )
     if rank_error is None:
         # Otherwise the last error line before torchrun's own traceback.
         tracebacks = [
             index for index, line in enumerate(lines[: starts[-1]]) if _TORCHRUN_TRACEBACK in line
         ]
-        rank_error = _last_marked(lines[: tracebacks[-1]] if tracebacks else (), markers)
+        rank_error = last_error(lines[: tracebacks[-1]] if tracebacks else ())
     return f"{summary}: {rank_error}" if rank_error else summary
 
 
@@ -183,4 +173,4 @@ class ChildProcess:
         failed how, and that rank's own last error line (the ranks' lines are this host's)."""
         if self._output is None:
             return None
-        return torchrun_root_cause(self._pump.recent(), ERROR_MARKERS) or self._output.error_line()
+        return torchrun_root_cause(self._pump.recent()) or self._output.error_line()

@@ -38,6 +38,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import re
 import select
 import threading
 import time
@@ -66,8 +67,10 @@ _WAIT_SLICE_S = 0.1
 # At the end: how long the streams' last lines and the queue get (each).
 DRAIN_S = 5.0
 # Lines that read like an error (the failure file names the last one); "exited on signal":
-# mpirun naming the rank a signal ended (SIGKILL: the OOM killer).
-ERROR_MARKERS = ("Error", "error:", "Exception", "FAILED", "Traceback", "exited on signal")
+# mpirun naming the rank a signal ended (SIGKILL: the OOM killer). "error:" only as a word of
+# its own ("ld: error:", "argparse ... error:"): Keras's metric lines ("mean_absolute_error:
+# 0.05") are no errors, and a failure that named one sent users to a metric.
+_ERROR_LINE = re.compile(r"Error|(?<![\w.])error:|Exception|FAILED|Traceback|exited on signal")
 
 
 def tag(host: str, label: str) -> bytes:
@@ -79,10 +82,14 @@ def rank_label(rank: int | str) -> str:
     return f"rank {rank}"
 
 
+def reads_like_error(line: str) -> bool:
+    return _ERROR_LINE.search(line) is not None
+
+
 def last_error(lines: collections.abc.Iterable[str]) -> str | None:
     """The last line that reads like an error, else None."""
     for line in reversed(list(lines)):
-        if any(marker in line for marker in ERROR_MARKERS):
+        if reads_like_error(line):
             return line.strip()
     return None
 
