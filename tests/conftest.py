@@ -77,6 +77,9 @@ def xdist_group(path: Path) -> str:
     return _SHARED_GROUPS.get(path.name, path.stem)
 
 
+# First: xdist's own hook turns the marks into the groups it schedules, so the marks must be
+# there before it runs (a conftest's hook runs after a plugin's otherwise).
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         item.add_marker(pytest.mark.xdist_group(xdist_group(item.path)))

@@ -59,14 +59,48 @@ def test_outside_ci_a_docker_test_may_skip(tmp_path: Path) -> None:
     assert "3 skipped" in result.stdout, result.stdout
 
 
-def test_the_files_that_use_the_sdks_local_mode_run_in_one_process() -> None:
-    from tests.conftest import xdist_group  # noqa: PLC0415 - the hook's rule, not a fixture
+# Each test sleeps so that both processes are busy, then names the process it ran in.
+WHERE_I_RAN = """
+import os, pathlib, time
 
-    tests = REPO / "tests"
-    for name in ("test_sdk_local.py", "test_sdk_v3.py", "test_serve_docker.py"):
-        assert xdist_group(tests / name) == "sdk-local-mode"
-    assert xdist_group(tests / "test_stall.py") == "test_stall"
+def test_{index}(tmp_path_factory):
+    time.sleep(0.3)
+    out = pathlib.Path(os.environ["WHERE"]) / "{name}-{index}"
+    out.write_text(os.environ["PYTEST_XDIST_WORKER"])
+"""
+
+
+def test_the_files_that_use_the_sdks_local_mode_run_in_one_process(tmp_path: Path) -> None:
+    """Under `make test`'s --dist loadgroup: the SDK files in one process, whatever their
+    number of tests (xdist had split them, before the marks came first)."""
+    tests = tmp_path / "tests"
+    tests.mkdir()
+    shutil.copy(REPO / "tests" / "conftest.py", tests / "conftest.py")
+    (tests / "__init__.py").write_text("")
+    names = ("test_sdk_local", "test_sdk_v3", "test_serve_docker", "test_a", "test_b")
+    for name in names:
+        body = "".join(WHERE_I_RAN.format(index=index, name=name) for index in range(3))
+        (tests / f"{name}.py").write_text(body)
+    where = tmp_path / "where"
+    where.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(REPO), "WHERE": str(where)}
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-n", "2",
+         "--dist", "loadgroup", "-o", "markers=docker: test marker", str(tests)],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    ran = {path.name: path.read_text() for path in where.iterdir()}
+    assert len(ran) == 15, ran
+    sdk = {ran[f"{name}-{index}"] for name in names[:3] for index in range(3)}
+    assert len(sdk) == 1, ran
+    for name in names[3:]:
+        assert len({ran[f"{name}-{index}"] for index in range(3)}) == 1, ran
+    # The other files did run beside them: two processes were used.
+    assert len(set(ran.values())) == 2, ran
+
+    from tests.conftest import _SHARED_GROUPS, xdist_group  # noqa: PLC0415
+
+    assert xdist_group(REPO / "tests" / "test_stall.py") == "test_stall"
     # Every file named there exists (a renamed file would run beside the others).
-    from tests.conftest import _SHARED_GROUPS  # noqa: PLC0415
-
-    assert all((tests / name).is_file() for name in _SHARED_GROUPS)
+    assert all((REPO / "tests" / name).is_file() for name in _SHARED_GROUPS)
