@@ -132,6 +132,11 @@ def image_name() -> str:
     return os.environ.get("SM_IMAGE", "sm-horovod:cpu")
 
 
+def tf221_image_name() -> str:
+    """The TensorFlow 2.21 line's image (`make build FLAVOR=tf2.21-cpu`)."""
+    return os.environ.get("SM_IMAGE_TF221", "sm-horovod:tf2.21-cpu")
+
+
 @pytest.fixture
 def docker() -> str:
     return os.environ.get("DOCKER", "docker")

@@ -240,3 +240,21 @@ def test_only_s3_model_dirs_are_looked_up(url):
         raise AssertionError(bucket)
 
     assert missing_bucket_message("model_dir", url, never) is None
+
+
+@pytest.mark.parametrize(
+    ("env", "installed", "expected"),
+    [
+        # The 2.21 line: tf_keras is installed, the job said nothing: Keras 2, as the scripts
+        # were written for.
+        ({}, True, "1"),
+        # The job's own choice stands, Keras 3 included.
+        ({"TF_USE_LEGACY_KERAS": "0"}, True, None),
+        ({"TF_USE_LEGACY_KERAS": "1"}, True, None),
+        ({"TF_USE_LEGACY_KERAS": ""}, True, None),
+        # The 2.14 line: no tf_keras (its tf.keras is Keras 2): the environment stays as it is.
+        ({}, False, None),
+    ],
+)
+def test_the_tensorflow_api_asks_for_keras_2_where_tf_keras_is_installed(env, installed, expected):
+    assert mapping.legacy_keras_setting(env, tf_keras_installed=installed) == expected

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import compose_available, skip_or_fail
+from harness.digits import make_digits
+from tests.conftest import compose_available, skip_or_fail, tf221_image_name
 from tests.outside import outside_connections
 
 PROGRAM_DIR = Path(__file__).parent / "programs" / "sdk_keras"
@@ -171,6 +172,57 @@ def test_tensorflow_estimator_mpi_two_hosts_two_ranks_each(
     assert {entry["SM_LOG_LEVEL"] for entry in ranks} == {"20"}
     # The TensorFlow estimator's model_dir reaches the script as --model_dir.
     assert {entry["model_dir_arg"] for entry in ranks} == {"/opt/ml/shared/model"}
+
+
+# AWS's data-parallel TensorFlow tutorial script (the smdistributed distribution's, unchanged).
+SMDDP_PROGRAM_DIR = Path(__file__).parent / "programs" / "smddp"
+
+
+@pytest.mark.docker(image=tf221_image_name())
+@pytest.mark.timeout(400)
+def test_tensorflow_estimator_mpi_runs_the_data_parallel_script_on_the_2_21_line(
+    sdk_environment: None,
+    container_root: Path,
+    tmp_path: Path,
+    capfd: pytest.CaptureFixture[str],
+):
+    """The TensorFlow 2.21 image (Keras 3): `distribution={"mpi": ...}` as a user of that line
+    writes it runs the data-parallel tutorial script unchanged, 2 hosts x 1 rank, and brings the
+    SavedModel it wrote back in model.tar.gz. 79 s (load 8, an image build beside it)."""
+    from sagemaker.tensorflow import TensorFlow  # noqa: PLC0415 - after the fake credentials
+
+    digits = make_digits(tmp_path / "digits", size=28)
+    output = tmp_path / "output"
+    output.mkdir()
+    with outside_connections() as attempts:
+        estimator = TensorFlow(
+            entry_point="train.py",
+            source_dir=str(SMDDP_PROGRAM_DIR),
+            image_uri=tf221_image_name(),
+            role=FAKE_ROLE,
+            instance_count=2,
+            instance_type="local",
+            framework_version="2.21",
+            py_version="py311",
+            distribution={"mpi": {"enabled": True, "processes_per_host": 1}},
+            hyperparameters={"steps": 10},
+            output_path=f"file://{output}",
+            sagemaker_session=local_session(container_root),
+        )
+        estimator.fit({"train": f"file://{digits['train']}"}, wait=True)
+    logs = capfd.readouterr().out
+    (tmp_path / "sdk.log").write_text(logs)
+    assert attempts == [], f"the SDK tried to reach outside this machine: {attempts}"
+    mpirun = [line for line in logs.splitlines() if "mpirun --allow-run-as-root" in line]
+    assert len(mpirun) == 1, logs[-3000:]
+    assert re.search(r"-np 2 -H algo-1-\w+:1,algo-2-\w+:1 ", mpirun[0]), mpirun[0]
+    for rank in range(2):
+        done = re.search(rf"SMDDP_DONE rank={rank} first=([\d.]+) last=([\d.]+)", logs)
+        assert done, logs[-3000:]
+        first, last = map(float, done.groups())
+        assert last < first, done.group()
+    with tarfile.open(next(output.rglob("model.tar.gz"))) as archive:
+        assert "1/saved_model.pb" in archive.getnames()
 
 
 @pytest.mark.docker

@@ -28,8 +28,8 @@ import pytest
 import yaml
 
 from harness.cluster import docker_command
-from harness.digits import DIGITS_HYPERPARAMETERS, logistic_regression_accuracy
-from tests.conftest import compose_available, image_name, skip_or_fail
+from harness.digits import DIGITS_HYPERPARAMETERS, logistic_regression_accuracy, make_digits
+from tests.conftest import compose_available, image_name, skip_or_fail, tf221_image_name
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(600)]
 
@@ -226,6 +226,29 @@ def test_v3_driver_trains_with_world_size_two(sdk3_python, image, job_root, driv
     tag = "ALLREDUCE" if driver == "mpi" else "TORCH"
     for rank, host in enumerate(["algo-1", "algo-2"]):
         assert f"{tag} rank={rank} size=2 sum=3 host={host}" in output, output[-6000:]
+
+
+@pytest.mark.docker(image=tf221_image_name())
+def test_v3_mpi_driver_runs_the_data_parallel_script_on_the_2_21_line(
+    sdk3_python, job_root, tmp_path
+):
+    """The TensorFlow 2.21 image (Keras 3): MPI() runs AWS's data-parallel tutorial script
+    unchanged (tests/programs/smddp/train.py), 2 hosts x 1 rank. 56 s (load 8, an image build
+    beside it)."""
+    digits = make_digits(tmp_path / "digits", size=28)
+    _, output = run_job(
+        sdk3_python, tf221_image_name(), job_root, "--instance-count", "2",
+        f"--source-dir={PROGRAMS / 'smddp'}", "--entry-script=train.py", "--distributed=mpi",
+        "--process-count", "1", f"--channel=train={digits['train']}",
+        "--hyperparameters", json.dumps({"steps": 10}),
+    )  # fmt: skip
+    assert output.count(HOOK_LOG) == 2, output[-6000:]
+    assert "running 2 ranks on 2 hosts" in output, output[-6000:]
+    for rank in range(2):
+        done = re.search(rf"SMDDP_DONE rank={rank} first=([\d.]+) last=([\d.]+)", output)
+        assert done, output[-6000:]
+        first, last = map(float, done.groups())
+        assert last < first, done.group()
 
 
 def test_v3_command_runs_once_per_host_under_the_entry_point(sdk3_python, image, job_root):

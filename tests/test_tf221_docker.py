@@ -9,27 +9,36 @@ containers: 2 hosts x 2 ranks under the default MPI launch. The image is SM_IMAG
 - Horovod's own TF2 examples (tests/programs/tf221/horovod_examples/: Keras MNIST with its
   three callbacks, the low-level MNIST, the synthetic benchmark), changed only where Keras 3
   demands it, train on MNIST-shaped digits.
+- AWS's data-parallel TensorFlow tutorial script (tests/programs/smddp/train.py) runs unchanged
+  under the SDK's smdistributed distribution (test_sdk_local.py and test_sdk_v3.py run it
+  through the SDK v2's `mpi` distribution and the SDK v3's `MPI()` on this image too).
 
 Measured on the image (2 cores, load 5 to 18): 26 s and 43 s for the two model.fit cases,
 96 s Keras MNIST, 99 s low-level MNIST, 141 s the synthetic benchmark (tracing MobileNetV2's
-first step is most of it)."""
+first step is most of it); 102 s the tutorial script (load 8 to 10, an image build beside it)."""
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 
 import pytest
 
+from tests import test_aws_tf_scripts
+from tests.conftest import tf221_image_name
+from tests.test_aws_tf_scripts import SMDDP, SMDDP_DIR
 from tests.test_tf_distribute import make_mnist_npy
 
-TF221_IMAGE = os.environ.get("SM_IMAGE_TF221", "sm-horovod:tf2.21-cpu")
+TF221_IMAGE = tf221_image_name()
 PROGRAMS = Path(__file__).parent / "programs" / "tf221"
 EXAMPLES = PROGRAMS / "horovod_examples"
 JOB_TIMEOUT_S = 400
 
 pytestmark = [pytest.mark.docker(image=TF221_IMAGE), pytest.mark.timeout(JOB_TIMEOUT_S + 120)]
+
+
+# The 2.14 line's tests' 28x28 digits, shared.
+digits28 = test_aws_tf_scripts.digits28
 
 
 @pytest.fixture
@@ -111,3 +120,30 @@ def test_horovod_synthetic_benchmark_example(make_cluster):
     )
     # Without --no-cuda (a flag a hyperparameter cannot give) it says GPU and runs on the CPU.
     assert re.search(r"Total img/sec on 4 [CG]PU\(s\): [0-9.]+", master), master[-4000:]
+
+
+def assert_tutorial_ran(logs: str, ranks: int) -> None:
+    """Every rank of AWS's data-parallel tutorial script (tests/programs/smddp/train.py)
+    trained, and its loss went down."""
+    for rank in range(ranks):
+        done = re.search(rf"SMDDP_DONE rank={rank} first=([\d.]+) last=([\d.]+)", logs)
+        assert done, logs[-4000:]
+        first, last = map(float, done.groups())
+        assert last < first, done.group()
+
+
+def test_data_parallel_tutorial_script_unchanged(make_cluster, digits28):
+    """AWS's data-parallel TensorFlow tutorial script with the SDK's smdistributed
+    distribution, 2 hosts x 2 ranks: a Keras 2 script (`opt.variables()`, `model.save(folder)`),
+    which runs on tf_keras (smdistributed.dataparallel.tensorflow asks for it; with
+    TF_USE_LEGACY_KERAS=0 it fails: `TypeError: 'list' object is not callable`)."""
+    cluster = make_cluster(
+        2,
+        hyperparameters={**SMDDP, "ranks_per_host": "2", "steps": "10"},
+        code_dir=SMDDP_DIR,
+        channels=digits28,
+    )
+    cluster.start()
+    assert cluster.wait(timeout=JOB_TIMEOUT_S) == {"algo-1": 0, "algo-2": 0}, cluster.describe()
+    assert_tutorial_ran("".join(cluster.logs(host) for host in cluster.hosts), 4)
+    assert (cluster.ml_root("algo-1") / "model" / "1" / "saved_model.pb").is_file()

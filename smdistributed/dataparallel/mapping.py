@@ -9,6 +9,7 @@ smd_data_parallel_tensorflow.rst); docs/aws-tf-scripts.md lists each name with i
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 
 # The process and collective functions both modules provide.
 _COMMON_NAMES: tuple[str, ...] = (
@@ -93,3 +94,25 @@ def bucket_cap_note(bucket_cap_mb: float) -> str | None:
         f"buffer is HOROVOD_FUSION_THRESHOLD (bytes), e.g. HOROVOD_FUSION_THRESHOLD={threshold} "
         "in the job's environment"
     )
+
+
+# TensorFlow's switch that makes tf.keras tf_keras (Keras 2) on TensorFlow >= 2.16, where
+# tf.keras is Keras 3 (tensorflow/python/util/lazy_loader.py reads it when tf.keras is first
+# used, not when TensorFlow is imported).
+LEGACY_KERAS_ENV = "TF_USE_LEGACY_KERAS"
+
+
+def legacy_keras_setting(env: Mapping[str, str], *, tf_keras_installed: bool) -> str | None:
+    """The TF_USE_LEGACY_KERAS value importing the TensorFlow API sets, or None to leave the
+    environment alone.
+
+    Scripts for the library are Keras 2 scripts: its last TensorFlow release was for Keras 2,
+    and AWS's tutorial calls `optimizer.variables()` (a list, not a method, in Keras 3) and
+    saves a SavedModel with `model.save(folder)` (Keras 3 wants a .keras file). Where tf_keras
+    is installed (the 2.21 line) they run unchanged on it; a job that sets the variable itself
+    (`TF_USE_LEGACY_KERAS=0`: Keras 3) keeps its choice. Where tf_keras is not installed (the
+    2.14 line, whose tf.keras is Keras 2 anyway) nothing changes.
+    """
+    if LEGACY_KERAS_ENV in env or not tf_keras_installed:
+        return None
+    return "1"

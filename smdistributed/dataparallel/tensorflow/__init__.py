@@ -6,15 +6,26 @@ docs/aws-tf-scripts.md has the table."""
 
 from __future__ import annotations
 
+import importlib.util
 import logging
+import os
 from collections.abc import Iterable
 from typing import Any
 
-import horovod.tensorflow as hvd
-import tensorflow as tf
-
 from smdistributed.dataparallel import mapping
-from smdistributed.dataparallel.mapping import ReduceOp
+
+# Before anything resolves tf.keras (Horovod's Keras API does): scripts for the library are
+# Keras 2 scripts (mapping.legacy_keras_setting says why and when).
+_LEGACY_KERAS = mapping.legacy_keras_setting(
+    os.environ, tf_keras_installed=importlib.util.find_spec("tf_keras") is not None
+)
+if _LEGACY_KERAS is not None:
+    os.environ[mapping.LEGACY_KERAS_ENV] = _LEGACY_KERAS
+
+import horovod.tensorflow as hvd  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from smdistributed.dataparallel.mapping import ReduceOp  # noqa: E402
 
 __all__ = list(mapping.TENSORFLOW_NAMES)
 
