@@ -66,8 +66,11 @@ def build_classifier(
             backbone.load_weights(str(weights))
         features = backbone(scaled)
     elif name == "resnet50":
-        # ResNet50's own preprocessing (BGR, ImageNet means), which its weights expect.
-        scaled = tf.keras.applications.resnet50.preprocess_input(tf.cast(inputs, tf.float32))
+        # ResNet50's own preprocessing (BGR, ImageNet means), which its weights expect, on
+        # float pixels. A layer casts them: Keras 3 takes no TensorFlow op (tf.cast) on a
+        # functional model's symbolic inputs.
+        pixels = tf.keras.layers.Rescaling(1.0, dtype="float32")(inputs)
+        scaled = tf.keras.applications.resnet50.preprocess_input(pixels)
         backbone = tf.keras.applications.ResNet50(
             input_shape=shape, include_top=False, weights=None, pooling="avg"
         )
