@@ -30,6 +30,13 @@ class _Serving(tf.Module):
         super().__init__()
         self.classifier = classifier
         self._image_size = image_size
+        # A Keras 3 variable is not a tf.Variable but wraps the one a function captures, and
+        # saved through the model alone that tf.Variable is left out of the SavedModel's
+        # restore: TF Serving's loader (and serve's) then fails with "Could not find variable
+        # ...". So the variables the signature reads are tracked too, as Keras 3's own
+        # ExportArchive tracks them. Keras 2 models (tf_keras too) save as they always did.
+        if not all(isinstance(variable, tf.Variable) for variable in classifier.variables):
+            self.captured_variables = list(self.serve.get_concrete_function().variables)
 
     @tf.function(input_signature=[tf.TensorSpec([None, None, None, 3], tf.uint8, name="images")])
     def serve(self, images: tf.Tensor) -> dict[str, tf.Tensor]:
