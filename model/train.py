@@ -6,6 +6,7 @@ Exit codes: 0 trained and exported; 1 failed (the reason is in `<output dir>/fai
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 import socket
@@ -13,6 +14,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from model.backend import LEGACY_KERAS_ENV, backend_name, legacy_keras_setting
 from model.checkpoints import DiskFullError
 from model.hparams import HyperparameterError, parse_argv, parse_hyperparameters
 from model.images import DataError
@@ -62,6 +64,11 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     env = os.environ if env is None else env
     for name, value in _QUIET_TENSORFLOW.items():
         os.environ.setdefault(name, value)
+    legacy_keras = legacy_keras_setting(
+        env, tf_keras_installed=importlib.util.find_spec("tf_keras") is not None
+    )
+    if legacy_keras is not None:
+        os.environ[LEGACY_KERAS_ENV] = legacy_keras
     host = host_name(env)
     configure_logging(host, launcher_rank(env))
     paths = paths_from_env(env)
@@ -74,7 +81,7 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     import tensorflow as tf  # noqa: PLC0415
 
     from model import training  # noqa: PLC0415
-    from model.backend import backend_name, collective  # noqa: PLC0415
+    from model.backend import collective  # noqa: PLC0415
 
     tf.get_logger().setLevel(logging.ERROR)
     # SavedModel export and Keras report through absl: notes about renamed inputs and such.

@@ -547,6 +547,25 @@ def test_the_model_follows_the_entry_points_backend(env, module):
     assert module_name(env) == module
 
 
+@pytest.mark.parametrize(
+    ("env", "installed", "expected"),
+    [
+        # The 2.21 line (tf_keras installed): Keras 3's model.fit cannot run under MWMS.
+        ({BACKEND_ENV: "multi_worker_mirrored"}, True, "1"),
+        ({BACKEND_ENV: "multi_worker_mirrored", "TF_USE_LEGACY_KERAS": "0"}, True, "1"),
+        # Horovod's backend keeps Keras 3, or what the job set.
+        ({}, True, None),
+        ({"TF_USE_LEGACY_KERAS": "1"}, True, None),
+        # The 2.14 line: Keras 2 and no tf_keras.
+        ({BACKEND_ENV: "multi_worker_mirrored"}, False, None),
+    ],
+)
+def test_the_model_runs_on_tf_keras_under_mwms_where_it_is_installed(env, installed, expected):
+    from model.backend import legacy_keras_setting  # noqa: PLC0415
+
+    assert legacy_keras_setting(env, tf_keras_installed=installed) == expected
+
+
 def test_the_entry_point_tells_the_model_its_backend():
     from model.backend import backend_name  # noqa: PLC0415
 
