@@ -233,8 +233,7 @@ def test_v3_mpi_driver_runs_the_data_parallel_script_on_the_2_21_line(
     sdk3_python, job_root, tmp_path
 ):
     """The TensorFlow 2.21 image (Keras 3): MPI() runs AWS's data-parallel tutorial script
-    unchanged (tests/programs/smddp/train.py), 2 hosts x 1 rank. 56 s (load 8, an image build
-    beside it)."""
+    unchanged (tests/programs/smddp/train.py), 2 hosts x 1 rank. 56 s (load 9 to 15)."""
     digits = make_digits(tmp_path / "digits", size=28)
     _, output = run_job(
         sdk3_python, tf221_image_name(), job_root, "--instance-count", "2",

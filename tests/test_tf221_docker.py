@@ -1,6 +1,6 @@
 """The TensorFlow 2.21 line (Keras 3, Horovod 0.28.1 with docker/horovod-patches/) in real
-containers: 2 hosts x 2 ranks under the default MPI launch. The image is SM_IMAGE_TF221
-(`make build FLAVOR=tf2.21-cpu`; default sm-horovod:tf2.21-cpu).
+containers: 2 hosts (x 2 ranks under the default MPI launch, unless a test says otherwise).
+The image is SM_IMAGE_TF221 (`make build FLAVOR=tf2.21-cpu`; default sm-horovod:tf2.21-cpu).
 
 - `model.fit` with hvd.DistributedOptimizer ends with the same weights on every rank, equal to
   one process trained on the union of the ranks' data, under Keras 3 and under tf_keras
@@ -17,8 +17,8 @@ containers: 2 hosts x 2 ranks under the default MPI launch. The image is SM_IMAG
 
 Measured on the image (2 cores, load 5 to 18): 26 s and 43 s for the two model.fit cases,
 96 s Keras MNIST, 99 s low-level MNIST, 141 s the synthetic benchmark (tracing MobileNetV2's
-first step is most of it); 113 s the built-in model and `serve`, about 85 s the built-in model
-under MultiWorkerMirroredStrategy (load 8 to 15, image builds beside)."""
+first step is most of it); 51 s the built-in model and `serve`, 28 s the built-in model under
+MultiWorkerMirroredStrategy (load 7 to 17)."""
 
 from __future__ import annotations
 
