@@ -31,6 +31,21 @@ __all__ = list(mapping.TENSORFLOW_NAMES)
 
 log = logging.getLogger(__name__)
 
+# tf.keras is TensorFlow's lazy loader until first used, then the Keras module it chose (Keras
+# 3's is keras._tf_keras.keras): a script that used it before importing this module has Keras 3.
+_TF_KERAS = vars(tf).get("keras")
+if (
+    _LEGACY_KERAS is not None
+    and not type(_TF_KERAS).__name__.endswith("LazyLoader")
+    and getattr(_TF_KERAS, "__name__", "").startswith("keras.")
+):
+    log.warning(
+        "tf.keras was Keras 3 before smdistributed.dataparallel.tensorflow was imported: "
+        "a Keras 2 script (opt.variables(), model.save(folder)) needs it imported before "
+        "tf.keras is used, or %s=1 in the job's environment",
+        mapping.LEGACY_KERAS_ENV,
+    )
+
 # Compression.none / Compression.fp16: Horovod's classes carry the same names.
 Compression = hvd.Compression
 
