@@ -223,6 +223,8 @@ def test_tensorflow_estimator_mpi_runs_the_data_parallel_script_on_the_2_21_line
         assert last < first, done.group()
     with tarfile.open(next(output.rglob("model.tar.gz"))) as archive:
         assert "1/saved_model.pb" in archive.getnames()
+    # The script imports the API before it uses tf.keras: no warning that it did not.
+    assert "tf.keras was Keras 3" not in logs, logs[-3000:]
 
 
 @pytest.mark.docker

@@ -248,6 +248,8 @@ def test_v3_mpi_driver_runs_the_data_parallel_script_on_the_2_21_line(
         assert done, output[-6000:]
         first, last = map(float, done.groups())
         assert last < first, done.group()
+    # The script imports the API before it uses tf.keras: no warning that it did not.
+    assert "tf.keras was Keras 3" not in output, output[-6000:]
 
 
 def test_v3_command_runs_once_per_host_under_the_entry_point(sdk3_python, image, job_root):
