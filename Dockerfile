@@ -102,11 +102,10 @@ ENV NVIDIA_VISIBLE_DEVICES=all \
     NVIDIA_DRIVER_CAPABILITIES=compute,utility \
     LD_LIBRARY_PATH=/opt/venv/lib/python3.11/site-packages/nvidia/cublas/lib:/opt/venv/lib/python3.11/site-packages/nvidia/cuda_cupti/lib:/opt/venv/lib/python3.11/site-packages/nvidia/cuda_runtime/lib:/opt/venv/lib/python3.11/site-packages/nvidia/cudnn/lib:/opt/venv/lib/python3.11/site-packages/nvidia/cufft/lib:/opt/venv/lib/python3.11/site-packages/nvidia/curand/lib:/opt/venv/lib/python3.11/site-packages/nvidia/cusolver/lib:/opt/venv/lib/python3.11/site-packages/nvidia/cusparse/lib:/opt/venv/lib/python3.11/site-packages/nvidia/nccl/lib
 
-# The TensorFlow 2.21 line (FLAVOR=tf2.21-cpu; its GPU flavor does not build yet:
-# docs/tf-lines.md): Keras 3, plus tf-keras for TF_USE_LEGACY_KERAS=1; no tensorflow-io, which
-# has no release after TF 2.16. Its own requirements and pins (docker/tf2.21/, a folder of its
-# own so that the 2.14 line's requirements*.txt never picks them up); the stages below this one
-# are shared with 2.14.
+# The TensorFlow 2.21 line (FLAVOR=tf2.21-cpu; FLAVOR=tf2.21 for GPU; docs/tf-lines.md): Keras
+# 3, plus tf-keras for TF_USE_LEGACY_KERAS=1; no tensorflow-io, which has no release after TF
+# 2.16. Its own requirements and pins (docker/tf2.21/, a folder of its own so that the 2.14
+# line's requirements*.txt never picks them up); the stages below this one are shared with 2.14.
 FROM os AS tf2.21-pydeps-install
 ARG FLAVOR
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
@@ -124,6 +123,14 @@ RUN --mount=type=cache,target=/root/.cache/pip \
         | xargs -0r rm -v
 
 FROM tf2.21-pydeps-install AS pydeps-tf2.21-cpu
+
+FROM tf2.21-pydeps-install AS pydeps-tf2.21
+# tensorflow[and-cuda] 2.21 finds its nvidia-*-cu12 libraries through its own RUNPATH; Horovod's
+# mpi_lib needs libnccl.so.2 by name (the wheel's folder is no RUNPATH of it). The driver's
+# libcuda.so.1 is mounted by the NVIDIA container runtime (SageMaker's GPU hosts).
+ENV NVIDIA_VISIBLE_DEVICES=all \
+    NVIDIA_DRIVER_CAPABILITIES=compute,utility \
+    LD_LIBRARY_PATH=/opt/venv/lib/python3.11/site-packages/nvidia/nccl/lib
 
 # hadolint ignore=DL3006
 FROM pydeps-${FLAVOR} AS pydeps
@@ -177,11 +184,41 @@ ENV CC=gcc-11 \
     HOROVOD_NCCL_LINK=SHARED \
     HOROVOD_BUILD_CUDA_CC_LIST=70,75,80,86,89,90
 
+# The 2.21 line's GPU compilers, below its Horovod source so that a patch change does not
+# install them again. No CUDA 12 nvcc is reachable here (docs/tf-lines.md): Debian's CUDA 11.8
+# nvcc compiles Horovod's kernels (as build-gpu), against the cu12 NCCL wheel's nccl.h (it
+# accepts CUDA >= 11); Horovod links CUDA 11.8's runtime statically (its CMake default), so
+# the image needs no libcudart.so.11: TensorFlow's libcudart.so.12 and it share the driver.
+FROM build-common AS build-tf2.21-toolchain-tf2.21-cpu
+FROM build-common AS build-tf2.21-toolchain-tf2.21
+# hadolint ignore=DL3008
+RUN set -eux; \
+    if [ -f /etc/apt/sources.list.d/debian.sources ]; then \
+        sed -i 's/^Components: main$/Components: main contrib non-free non-free-firmware/' /etc/apt/sources.list.d/debian.sources; \
+    fi; \
+    if [ -f /etc/apt/sources.list ]; then \
+        sed -i -E 's/^(deb .* main)$/\1 contrib non-free non-free-firmware/' /etc/apt/sources.list; \
+    fi; \
+    apt-get update; \
+    apt-get install -y --no-install-recommends g++-11 nvidia-cuda-toolkit; \
+    rm -rf /var/lib/apt/lists/*; \
+    nvcc --version; \
+    ln -s libnccl.so.2 /opt/venv/lib/python3.11/site-packages/nvidia/nccl/lib/libnccl.so
+ENV CC=gcc-11 \
+    CXX=g++-11 \
+    HOROVOD_GPU=CUDA \
+    HOROVOD_GPU_OPERATIONS=NCCL \
+    HOROVOD_CUDA_HOME=/usr \
+    HOROVOD_NCCL_HOME=/opt/venv/lib/python3.11/site-packages/nvidia/nccl \
+    HOROVOD_NCCL_LINK=SHARED \
+    HOROVOD_BUILD_CUDA_CC_LIST=70,75,80,86,89,90
+
 # Horovod 0.28.1 (its last release) from its sdist, checksum pinned, with our patches for
 # TensorFlow 2.21 (docker/horovod-patches/source/: each file's header says what it fixes and
 # why); docker/tf2.21/requirements-build.txt builds the patched folder. The Python side's
 # patches go into the built wheel (stage wheels-tf2.21-common).
-FROM build-common AS build-tf2.21-common
+# hadolint ignore=DL3006
+FROM build-tf2.21-toolchain-${FLAVOR} AS build-tf2.21-common
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ARG HOROVOD_VERSION=0.28.1
 ARG HOROVOD_SHA256=92a43f5a94c43907a56805bad15f19700c62ffc83b7ca483f9e104e229f67ef0
@@ -200,6 +237,7 @@ RUN --mount=type=secret,id=ca,target=/etc/ssl/certs/ca-certificates.crt \
 
 FROM build-tf2.21-common AS build-tf2.21-cpu
 ENV HOROVOD_CPU_OPERATIONS=MPI
+FROM build-tf2.21-common AS build-tf2.21
 
 # hadolint ignore=DL3006
 FROM build-${FLAVOR} AS build
@@ -229,6 +267,7 @@ RUN --mount=type=bind,source=docker/horovod-patches/python,target=/tmp/horovod-p
     rm -rf /tmp/unpacked
 
 FROM wheels-tf2.21-common AS wheels-tf2.21-cpu
+FROM wheels-tf2.21-common AS wheels-tf2.21
 FROM build AS wheels-cpu
 FROM build AS wheels-gpu
 
@@ -257,9 +296,18 @@ RUN --mount=type=bind,from=wheels,source=/wheels,target=/wheels \
     grep -q '\[X\] TensorFlow' /tmp/check-build.txt; \
     grep -q '\[X\] MPI' /tmp/check-build.txt; \
     grep -q '\[X\] Gloo' /tmp/check-build.txt; \
-    if [ "$FLAVOR" = gpu ]; then grep -q '\[X\] NCCL' /tmp/check-build.txt; fi; \
+    case "$FLAVOR" in gpu|tf2.21) grep -q '\[X\] NCCL' /tmp/check-build.txt;; esac; \
     rm /tmp/check-build.txt; \
-    python -c 'import horovod.tensorflow.keras, mpi4py.MPI, sagemaker_training.environment'
+    python -c 'import horovod.tensorflow.keras, mpi4py.MPI, sagemaker_training.environment'; \
+# Every library Horovod's ops link resolves in the image, without a GPU: TensorFlow's own
+# from its folder (`import tensorflow` loads them first), NCCL from LD_LIBRARY_PATH; CUDA's
+# runtime is linked in statically, and libcuda.so.1 is the GPU host's, loaded at first use.
+    tf_dir="$(python -c 'import importlib.util, os; print(os.path.dirname(importlib.util.find_spec("tensorflow").origin))')"; \
+    for lib in /opt/venv/lib/python3.11/site-packages/horovod/tensorflow/mpi_lib*.so; do \
+        LD_LIBRARY_PATH="$tf_dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" ldd "$lib" | tee /tmp/ldd.txt; \
+        if grep 'not found' /tmp/ldd.txt; then exit 1; fi; \
+    done; \
+    rm /tmp/ldd.txt
 
 # py-spy reads every rank's stack from outside, a stopped rank's too (entrypoint/host/stacks.py,
 # a stall or a stop's grace running out). Where ptrace is refused, the ranks the entry point
@@ -288,7 +336,7 @@ ARG TENSORFLOW_HUB_VERSION=0.15.0
 RUN --mount=type=cache,target=/root/.cache/pip \
     --mount=type=secret,id=ca,target=/etc/ssl/certs/ca-certificates.crt \
     set -eux; \
-    if [ "$FLAVOR" = tf2.21-cpu ]; then exit 0; fi; \
+    case "$FLAVOR" in tf2.21*) exit 0;; esac; \
     export PIP_CERT=/etc/ssl/certs/ca-certificates.crt; \
     pip install --no-deps --only-binary=:all: \
         "tensorflow-text==${TENSORFLOW_TEXT_VERSION}" "tensorflow-hub==${TENSORFLOW_HUB_VERSION}"; \
@@ -526,6 +574,7 @@ CMD []
 FROM final AS image-gpu
 FROM final AS image-cpu
 FROM final AS image-tf2.21-cpu
+FROM final AS image-tf2.21
 FROM torch-final AS image-torch
 FROM torch-final AS image-torch-cpu
 # hadolint ignore=DL3006
