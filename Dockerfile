@@ -103,9 +103,10 @@ ENV NVIDIA_VISIBLE_DEVICES=all \
     LD_LIBRARY_PATH=/opt/venv/lib/python3.11/site-packages/nvidia/cublas/lib:/opt/venv/lib/python3.11/site-packages/nvidia/cuda_cupti/lib:/opt/venv/lib/python3.11/site-packages/nvidia/cuda_runtime/lib:/opt/venv/lib/python3.11/site-packages/nvidia/cudnn/lib:/opt/venv/lib/python3.11/site-packages/nvidia/cufft/lib:/opt/venv/lib/python3.11/site-packages/nvidia/curand/lib:/opt/venv/lib/python3.11/site-packages/nvidia/cusolver/lib:/opt/venv/lib/python3.11/site-packages/nvidia/cusparse/lib:/opt/venv/lib/python3.11/site-packages/nvidia/nccl/lib
 
 # The TensorFlow 2.21 line (FLAVOR=tf2.21-cpu; FLAVOR=tf2.21 for GPU; docs/tf-lines.md): Keras
-# 3, plus tf-keras for TF_USE_LEGACY_KERAS=1; no tensorflow-io, which has no release after TF
-# 2.16. Its own requirements and pins (docker/tf2.21/, a folder of its own so that the 2.14
-# line's requirements*.txt never picks them up); the stages below this one are shared with 2.14.
+# 3, plus tf-keras for TF_USE_LEGACY_KERAS=1; no tensorflow-io package, which has no release
+# after TF 2.16 (s3:// comes from its plugin library alone: stage tf-io-plugins). Its own
+# requirements and pins (docker/tf2.21/, a folder of its own so that the 2.14 line's
+# requirements*.txt never picks them up); the stages below this one are shared with 2.14.
 FROM os AS tf2.21-pydeps-install
 ARG FLAVOR
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
@@ -121,6 +122,8 @@ RUN --mount=type=cache,target=/root/.cache/pip \
     pip install --no-deps -c /opt/requirements/constraints.txt tf-keras; \
     { grep -rlZ --include='*.pem' --include='*.key' -e 'PRIVATE KEY-----' /opt/venv/lib || true; } \
         | xargs -0r rm -v
+# tf_s3 registers the file system plugins from here (stage tf-io-plugins).
+ENV SM_HVD_TF_IO_PLUGINS=/opt/sm-horovod/tf-io
 
 FROM tf2.21-pydeps-install AS pydeps-tf2.21-cpu
 
@@ -251,6 +254,30 @@ RUN --mount=type=secret,id=ca,target=/etc/ssl/certs/ca-certificates.crt \
     pip wheel --no-cache-dir --no-deps --no-build-isolation --wheel-dir /wheels \
         -r /opt/requirements/requirements-build.txt
 
+# s3:// on the 2.21 line (tf_s3/, docs/tf-lines.md): tensorflow-io 0.37.1's file system plugin
+# library alone, from its wheel (checksum pinned; the wheel's op libraries and Python package do
+# not load on TF 2.21), and the shim library that gives it the TensorFlow-internal symbols 2.21
+# no longer exports (docker/tf-io-shim/tsl_shim.cc says which and why). The final stage installs
+# them from the wheels folder.
+FROM build-common AS tf-io-plugins
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+ARG TENSORFLOW_IO_VERSION=0.37.1
+ARG TENSORFLOW_IO_SHA256=b072ae78143df8f786d3cbb9060b76f17f966824dd1e7906d3252c79525d2358
+RUN --mount=type=bind,source=docker/tf-io-shim,target=/tmp/tf-io-shim \
+    --mount=type=secret,id=ca,target=/etc/ssl/certs/ca-certificates.crt \
+    set -eux; \
+    export PIP_CERT=/etc/ssl/certs/ca-certificates.crt; \
+    pip download --no-cache-dir --no-deps --only-binary :all: --dest /tmp/wheel \
+        "tensorflow-io==${TENSORFLOW_IO_VERSION}"; \
+    wheel="$(echo /tmp/wheel/tensorflow_io-*.whl)"; \
+    echo "${TENSORFLOW_IO_SHA256} *${wheel}" | sha256sum -c -; \
+    mkdir /tf-io; \
+    python -c 'import sys, zipfile; open(sys.argv[2], "wb").write(zipfile.ZipFile(sys.argv[1]).read("tensorflow_io/python/ops/libtensorflow_io_plugins.so"))' \
+        "$wheel" /tf-io/libtensorflow_io_plugins.so; \
+    g++ -std=c++17 -O2 -fPIC -shared -fvisibility=hidden -Wall -Wextra -Werror \
+        -o /tf-io/libsm_tsl_shim.so /tmp/tf-io-shim/tsl_shim.cc; \
+    rm -rf /tmp/wheel
+
 # The TensorFlow 2.21 line's patches to Horovod's Python side (docker/horovod-patches/python/:
 # Keras 3) are applied to the built wheel, not to the source before its compile: a change to
 # them rebuilds this layer in seconds, not Horovod's C++ (20 minutes on 2 loaded cores).
@@ -265,6 +292,7 @@ RUN --mount=type=bind,source=docker/horovod-patches/python,target=/tmp/horovod-p
     rm /wheels/horovod-*.whl; \
     python -m wheel pack --dest-dir /wheels /tmp/unpacked/horovod-*; \
     rm -rf /tmp/unpacked
+COPY --from=tf-io-plugins /tf-io /wheels/tf-io
 
 FROM wheels-tf2.21-common AS wheels-tf2.21-cpu
 FROM wheels-tf2.21-common AS wheels-tf2.21
@@ -284,6 +312,7 @@ SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 RUN --mount=type=bind,from=wheels,source=/wheels,target=/wheels \
     set -eux; \
     pip install --no-deps --no-index --no-cache-dir /wheels/*.whl; \
+    if [ -d /wheels/tf-io ]; then mkdir -p "$SM_HVD_TF_IO_PLUGINS"; cp /wheels/tf-io/* "$SM_HVD_TF_IO_PLUGINS/"; fi; \
     if [ "$FLAVOR" = tf2.21-cpu ]; then \
         { pip check || true; } > /tmp/pip-check.txt; \
         sed -i -E '/^tf-keras [0-9.]+ requires tensorflow, which is not installed\.$/d' /tmp/pip-check.txt; \
@@ -372,20 +401,14 @@ RUN set -eux; \
     grep -q 'entrypoint.main' /opt/venv/bin/train; \
     [ "$(command -v serve)" = /opt/venv/bin/serve ]; \
     python -c 'import serve.app, uvicorn, uvloop, httptools'; \
-# s3:// in TensorFlow for scripts that never import tensorflow_io (tf_s3/__init__.py). Offline
-# proof: the scheme is registered and answers (a local 404, not "not implemented"), the
-# data-parallel API imports, and the process exits 0 after creating an S3 client
-# (tensorflow/io#1912). The 2.21 line has no tensorflow-io (docs/tf-lines.md): no hook there,
-# and its data-parallel API must import.
-    case "$FLAVOR" in \
-        tf2.21*) \
-            python -c 'import smdistributed.dataparallel.tensorflow.keras';; \
-        *) \
-            echo 'import tf_s3; tf_s3.install()' \
-                > "$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/sm-horovod-tf-s3.pth"; \
-            AWS_ACCESS_KEY_ID=smoke AWS_SECRET_ACCESS_KEY=smoke AWS_EC2_METADATA_DISABLED=true \
-                python -m tf_s3.smoke;; \
-    esac; \
+# s3:// in TensorFlow for scripts that never import tensorflow_io (tf_s3/__init__.py), on both
+# lines (2.21: the plugin library and its shim, stage tf-io-plugins). Offline proof: the scheme
+# is registered and answers (a local 404, not "not implemented"), the data-parallel API
+# imports, and the process exits 0 after creating an S3 client (tensorflow/io#1912).
+    echo 'import tf_s3; tf_s3.install()' \
+        > "$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/sm-horovod-tf-s3.pth"; \
+    AWS_ACCESS_KEY_ID=smoke AWS_SECRET_ACCESS_KEY=smoke AWS_EC2_METADATA_DISABLED=true \
+        python -m tf_s3.smoke; \
 # sshd must accept its configuration; a throwaway host key proves it and leaves no trace.
     ssh-keygen -q -t ed25519 -N '' -f /tmp/check_host_key; \
     /usr/sbin/sshd -t -o HostKey=/tmp/check_host_key; \

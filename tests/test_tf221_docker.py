@@ -22,10 +22,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.test_aws_tf_scripts import s3_cluster  # noqa: F401 (a fixture: this module's image)
 from tests.test_tf_distribute import make_mnist_npy
 
 TF221_IMAGE = os.environ.get("SM_IMAGE_TF221", "sm-horovod:tf2.21-cpu")
 PROGRAMS = Path(__file__).parent / "programs" / "tf221"
+S3_PROGRAMS = Path(__file__).parent / "programs" / "s3"
 EXAMPLES = PROGRAMS / "horovod_examples"
 JOB_TIMEOUT_S = 400
 
@@ -111,3 +113,25 @@ def test_horovod_synthetic_benchmark_example(make_cluster):
     )
     # Without --no-cuda (a flag a hyperparameter cannot give) it says GPU and runs on the CPU.
     assert re.search(r"Total img/sec on 4 [CG]PU\(s\): [0-9.]+", master), master[-4000:]
+
+
+def test_import_keras_first_then_s3_ends_with_exit_0(s3_cluster):  # noqa: F811 (the fixture)
+    """s3:// on the 2.21 line: tf_s3's hook registers tensorflow-io 0.37.1's plugin library
+    after the shim that gives it the symbols TF 2.21 no longer exports (docker/tf-io-shim/);
+    a script that imports keras first writes an object to a moto server through tf.io.gfile,
+    reads it back, and the process exits 0 (no tensorflow_io package on this line). The 2.14
+    line's test of the same program: tests/test_aws_tf_scripts.py."""
+    cluster, s3 = s3_cluster(
+        1,
+        hyperparameters={"sagemaker_program": "keras_first.py", "model_dir": "s3://models/kf"},
+        code_dir=S3_PROGRAMS,
+    )
+    cluster.start()
+    assert cluster.wait(timeout=200) == {"algo-1": 0}, cluster.describe()
+    log = cluster.logs("algo-1")
+    assert "KERAS_FIRST_S3_DONE tensorflow_io=False read='written after import keras'" in log, log[
+        -4000:
+    ]
+    assert "not loaded" not in log, log[-4000:]
+    assert "pure virtual method called" not in log, log[-4000:]
+    assert s3.keys("models", "kf/") == ["kf/keras-first.txt"]
