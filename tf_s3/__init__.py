@@ -97,9 +97,14 @@ class _PluginLoader:
 def register_plugin_library(folder: Path) -> None:
     """tensorflow-io's plugin library, registered with TensorFlow once the shim is loaded with
     its symbols global: the plugin's undefined tsl:: symbols bind to the first global
-    definition, which is the shim's (TensorFlow 2.21 exports none)."""
+    definition, which is the shim's (TensorFlow 2.21 exports none). Once per process:
+    TensorFlow refuses a second registration ("File system for az already registered"), and
+    the interpreter in the image runs the .pth hook's install() twice (two loaders, seen on
+    both lines, where a second `import tensorflow_io` is a no-op)."""
     import tensorflow as tf  # noqa: PLC0415 (imported already: the hook runs after it)
 
+    if "s3" in tf.io.gfile.get_registered_schemes():
+        return
     ctypes.CDLL(str(folder / SHIM_LIBRARY), mode=ctypes.RTLD_GLOBAL)
     tf.experimental.register_filesystem_plugin(str(folder / PLUGIN_LIBRARY))
 
