@@ -217,7 +217,7 @@ def finish_command(name: str, records: Path, build_log: Path | None = None) -> C
     )
     _write_atomically(records / f"{name}.json", json.dumps(dataclasses.asdict(record), indent=2))
     marker.unlink()
-    log.info("make %s: %s", name, duration_text(record.provenance.seconds))
+    log.info("%s: %s", record.command, duration_text(record.provenance.seconds))
     return record
 
 
