@@ -102,11 +102,11 @@ ENV NVIDIA_VISIBLE_DEVICES=all \
     NVIDIA_DRIVER_CAPABILITIES=compute,utility \
     LD_LIBRARY_PATH=/opt/venv/lib/python3.11/site-packages/nvidia/cublas/lib:/opt/venv/lib/python3.11/site-packages/nvidia/cuda_cupti/lib:/opt/venv/lib/python3.11/site-packages/nvidia/cuda_runtime/lib:/opt/venv/lib/python3.11/site-packages/nvidia/cudnn/lib:/opt/venv/lib/python3.11/site-packages/nvidia/cufft/lib:/opt/venv/lib/python3.11/site-packages/nvidia/curand/lib:/opt/venv/lib/python3.11/site-packages/nvidia/cusolver/lib:/opt/venv/lib/python3.11/site-packages/nvidia/cusparse/lib:/opt/venv/lib/python3.11/site-packages/nvidia/nccl/lib
 
-# The TensorFlow 2.21 line (FLAVOR=tf2.21-cpu; its GPU flavor does not build yet:
-# docs/tf-lines.md): Keras 3, plus tf-keras for TF_USE_LEGACY_KERAS=1; no tensorflow-io, which
-# has no release after TF 2.16. Its own requirements and pins (docker/tf2.21/, a folder of its
-# own so that the 2.14 line's requirements*.txt never picks them up); the stages below this one
-# are shared with 2.14.
+# The TensorFlow 2.21 line (FLAVOR=tf2.21-cpu; FLAVOR=tf2.21 for GPU; docs/tf-lines.md): Keras
+# 3, plus tf-keras for TF_USE_LEGACY_KERAS=1; no tensorflow-io package, which has no release
+# after TF 2.16 (s3:// comes from its plugin library alone: stage tf-io-plugins). Its own
+# requirements and pins (docker/tf2.21/, a folder of its own so that the 2.14 line's
+# requirements*.txt never picks them up); the stages below this one are shared with 2.14.
 FROM os AS tf2.21-pydeps-install
 ARG FLAVOR
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
@@ -122,8 +122,18 @@ RUN --mount=type=cache,target=/root/.cache/pip \
     pip install --no-deps -c /opt/requirements/constraints.txt tf-keras; \
     { grep -rlZ --include='*.pem' --include='*.key' -e 'PRIVATE KEY-----' /opt/venv/lib || true; } \
         | xargs -0r rm -v
+# tf_s3 registers the file system plugins from here (stage tf-io-plugins).
+ENV SM_HVD_TF_IO_PLUGINS=/opt/sm-horovod/tf-io
 
 FROM tf2.21-pydeps-install AS pydeps-tf2.21-cpu
+
+FROM tf2.21-pydeps-install AS pydeps-tf2.21
+# tensorflow[and-cuda] 2.21 finds its nvidia-*-cu12 libraries through its own RUNPATH; Horovod's
+# mpi_lib needs libnccl.so.2 by name (the wheel's folder is no RUNPATH of it). The driver's
+# libcuda.so.1 is mounted by the NVIDIA container runtime (SageMaker's GPU hosts).
+ENV NVIDIA_VISIBLE_DEVICES=all \
+    NVIDIA_DRIVER_CAPABILITIES=compute,utility \
+    LD_LIBRARY_PATH=/opt/venv/lib/python3.11/site-packages/nvidia/nccl/lib
 
 # hadolint ignore=DL3006
 FROM pydeps-${FLAVOR} AS pydeps
@@ -177,11 +187,41 @@ ENV CC=gcc-11 \
     HOROVOD_NCCL_LINK=SHARED \
     HOROVOD_BUILD_CUDA_CC_LIST=70,75,80,86,89,90
 
+# The 2.21 line's GPU compilers, below its Horovod source so that a patch change does not
+# install them again. No CUDA 12 nvcc is reachable here (docs/tf-lines.md): Debian's CUDA 11.8
+# nvcc compiles Horovod's kernels (as build-gpu), against the cu12 NCCL wheel's nccl.h (it
+# accepts CUDA >= 11); Horovod links CUDA 11.8's runtime statically (its CMake default), so
+# the image needs no libcudart.so.11: TensorFlow's libcudart.so.12 and it share the driver.
+FROM build-common AS build-tf2.21-toolchain-tf2.21-cpu
+FROM build-common AS build-tf2.21-toolchain-tf2.21
+# hadolint ignore=DL3008
+RUN set -eux; \
+    if [ -f /etc/apt/sources.list.d/debian.sources ]; then \
+        sed -i 's/^Components: main$/Components: main contrib non-free non-free-firmware/' /etc/apt/sources.list.d/debian.sources; \
+    fi; \
+    if [ -f /etc/apt/sources.list ]; then \
+        sed -i -E 's/^(deb .* main)$/\1 contrib non-free non-free-firmware/' /etc/apt/sources.list; \
+    fi; \
+    apt-get update; \
+    apt-get install -y --no-install-recommends g++-11 nvidia-cuda-toolkit; \
+    rm -rf /var/lib/apt/lists/*; \
+    nvcc --version; \
+    ln -s libnccl.so.2 /opt/venv/lib/python3.11/site-packages/nvidia/nccl/lib/libnccl.so
+ENV CC=gcc-11 \
+    CXX=g++-11 \
+    HOROVOD_GPU=CUDA \
+    HOROVOD_GPU_OPERATIONS=NCCL \
+    HOROVOD_CUDA_HOME=/usr \
+    HOROVOD_NCCL_HOME=/opt/venv/lib/python3.11/site-packages/nvidia/nccl \
+    HOROVOD_NCCL_LINK=SHARED \
+    HOROVOD_BUILD_CUDA_CC_LIST=70,75,80,86,89,90
+
 # Horovod 0.28.1 (its last release) from its sdist, checksum pinned, with our patches for
 # TensorFlow 2.21 (docker/horovod-patches/source/: each file's header says what it fixes and
 # why); docker/tf2.21/requirements-build.txt builds the patched folder. The Python side's
 # patches go into the built wheel (stage wheels-tf2.21-common).
-FROM build-common AS build-tf2.21-common
+# hadolint ignore=DL3006
+FROM build-tf2.21-toolchain-${FLAVOR} AS build-tf2.21-common
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ARG HOROVOD_VERSION=0.28.1
 ARG HOROVOD_SHA256=92a43f5a94c43907a56805bad15f19700c62ffc83b7ca483f9e104e229f67ef0
@@ -200,6 +240,7 @@ RUN --mount=type=secret,id=ca,target=/etc/ssl/certs/ca-certificates.crt \
 
 FROM build-tf2.21-common AS build-tf2.21-cpu
 ENV HOROVOD_CPU_OPERATIONS=MPI
+FROM build-tf2.21-common AS build-tf2.21
 
 # hadolint ignore=DL3006
 FROM build-${FLAVOR} AS build
@@ -212,6 +253,30 @@ RUN --mount=type=secret,id=ca,target=/etc/ssl/certs/ca-certificates.crt \
     export PIP_CERT=/etc/ssl/certs/ca-certificates.crt MAKEFLAGS; \
     pip wheel --no-cache-dir --no-deps --no-build-isolation --wheel-dir /wheels \
         -r /opt/requirements/requirements-build.txt
+
+# s3:// on the 2.21 line (tf_s3/, docs/tf-lines.md): tensorflow-io 0.37.1's file system plugin
+# library alone, from its wheel (checksum pinned; the wheel's op libraries and Python package do
+# not load on TF 2.21), and the shim library that gives it the TensorFlow-internal symbols 2.21
+# no longer exports (docker/tf-io-shim/tsl_shim.cc says which and why). The final stage installs
+# them from the wheels folder.
+FROM build-common AS tf-io-plugins
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+ARG TENSORFLOW_IO_VERSION=0.37.1
+ARG TENSORFLOW_IO_SHA256=b072ae78143df8f786d3cbb9060b76f17f966824dd1e7906d3252c79525d2358
+RUN --mount=type=bind,source=docker/tf-io-shim,target=/tmp/tf-io-shim \
+    --mount=type=secret,id=ca,target=/etc/ssl/certs/ca-certificates.crt \
+    set -eux; \
+    export PIP_CERT=/etc/ssl/certs/ca-certificates.crt; \
+    pip download --no-cache-dir --no-deps --only-binary :all: --dest /tmp/wheel \
+        "tensorflow-io==${TENSORFLOW_IO_VERSION}"; \
+    wheel="$(echo /tmp/wheel/tensorflow_io-*.whl)"; \
+    echo "${TENSORFLOW_IO_SHA256} *${wheel}" | sha256sum -c -; \
+    mkdir /tf-io; \
+    python -c 'import sys, zipfile; open(sys.argv[2], "wb").write(zipfile.ZipFile(sys.argv[1]).read("tensorflow_io/python/ops/libtensorflow_io_plugins.so"))' \
+        "$wheel" /tf-io/libtensorflow_io_plugins.so; \
+    g++ -std=c++17 -O2 -fPIC -shared -fvisibility=hidden -Wall -Wextra -Werror \
+        -o /tf-io/libsm_tsl_shim.so /tmp/tf-io-shim/tsl_shim.cc; \
+    rm -rf /tmp/wheel
 
 # The TensorFlow 2.21 line's patches to Horovod's Python side (docker/horovod-patches/python/:
 # Keras 3) are applied to the built wheel, not to the source before its compile: a change to
@@ -227,8 +292,10 @@ RUN --mount=type=bind,source=docker/horovod-patches/python,target=/tmp/horovod-p
     rm /wheels/horovod-*.whl; \
     python -m wheel pack --dest-dir /wheels /tmp/unpacked/horovod-*; \
     rm -rf /tmp/unpacked
+COPY --from=tf-io-plugins /tf-io /wheels/tf-io
 
 FROM wheels-tf2.21-common AS wheels-tf2.21-cpu
+FROM wheels-tf2.21-common AS wheels-tf2.21
 FROM build AS wheels-cpu
 FROM build AS wheels-gpu
 
@@ -245,6 +312,7 @@ SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 RUN --mount=type=bind,from=wheels,source=/wheels,target=/wheels \
     set -eux; \
     pip install --no-deps --no-index --no-cache-dir /wheels/*.whl; \
+    if [ -d /wheels/tf-io ]; then mkdir -p "$SM_HVD_TF_IO_PLUGINS"; cp /wheels/tf-io/* "$SM_HVD_TF_IO_PLUGINS/"; fi; \
     if [ "$FLAVOR" = tf2.21-cpu ]; then \
         { pip check || true; } > /tmp/pip-check.txt; \
         sed -i -E '/^tf-keras [0-9.]+ requires tensorflow, which is not installed\.$/d' /tmp/pip-check.txt; \
@@ -257,9 +325,18 @@ RUN --mount=type=bind,from=wheels,source=/wheels,target=/wheels \
     grep -q '\[X\] TensorFlow' /tmp/check-build.txt; \
     grep -q '\[X\] MPI' /tmp/check-build.txt; \
     grep -q '\[X\] Gloo' /tmp/check-build.txt; \
-    if [ "$FLAVOR" = gpu ]; then grep -q '\[X\] NCCL' /tmp/check-build.txt; fi; \
+    case "$FLAVOR" in gpu|tf2.21) grep -q '\[X\] NCCL' /tmp/check-build.txt;; esac; \
     rm /tmp/check-build.txt; \
-    python -c 'import horovod.tensorflow.keras, mpi4py.MPI, sagemaker_training.environment'
+    python -c 'import horovod.tensorflow.keras, mpi4py.MPI, sagemaker_training.environment'; \
+# Every library Horovod's ops link resolves in the image, without a GPU: TensorFlow's own
+# from its folder (`import tensorflow` loads them first), NCCL from LD_LIBRARY_PATH; CUDA's
+# runtime is linked in statically, and libcuda.so.1 is the GPU host's, loaded at first use.
+    tf_dir="$(python -c 'import importlib.util, os; print(os.path.dirname(importlib.util.find_spec("tensorflow").origin))')"; \
+    for lib in /opt/venv/lib/python3.11/site-packages/horovod/tensorflow/mpi_lib*.so; do \
+        LD_LIBRARY_PATH="$tf_dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" ldd "$lib" | tee /tmp/ldd.txt; \
+        if grep 'not found' /tmp/ldd.txt; then exit 1; fi; \
+    done; \
+    rm /tmp/ldd.txt
 
 # py-spy reads every rank's stack from outside, a stopped rank's too (entrypoint/host/stacks.py,
 # a stall or a stop's grace running out). Where ptrace is refused, the ranks the entry point
@@ -288,7 +365,7 @@ ARG TENSORFLOW_HUB_VERSION=0.15.0
 RUN --mount=type=cache,target=/root/.cache/pip \
     --mount=type=secret,id=ca,target=/etc/ssl/certs/ca-certificates.crt \
     set -eux; \
-    if [ "$FLAVOR" = tf2.21-cpu ]; then exit 0; fi; \
+    case "$FLAVOR" in tf2.21*) exit 0;; esac; \
     export PIP_CERT=/etc/ssl/certs/ca-certificates.crt; \
     pip install --no-deps --only-binary=:all: \
         "tensorflow-text==${TENSORFLOW_TEXT_VERSION}" "tensorflow-hub==${TENSORFLOW_HUB_VERSION}"; \
@@ -324,20 +401,14 @@ RUN set -eux; \
     grep -q 'entrypoint.main' /opt/venv/bin/train; \
     [ "$(command -v serve)" = /opt/venv/bin/serve ]; \
     python -c 'import serve.app, uvicorn, uvloop, httptools'; \
-# s3:// in TensorFlow for scripts that never import tensorflow_io (tf_s3/__init__.py). Offline
-# proof: the scheme is registered and answers (a local 404, not "not implemented"), the
-# data-parallel API imports, and the process exits 0 after creating an S3 client
-# (tensorflow/io#1912). The 2.21 line has no tensorflow-io (docs/tf-lines.md): no hook there,
-# and its data-parallel API must import.
-    case "$FLAVOR" in \
-        tf2.21*) \
-            python -c 'import smdistributed.dataparallel.tensorflow.keras';; \
-        *) \
-            echo 'import tf_s3; tf_s3.install()' \
-                > "$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/sm-horovod-tf-s3.pth"; \
-            AWS_ACCESS_KEY_ID=smoke AWS_SECRET_ACCESS_KEY=smoke AWS_EC2_METADATA_DISABLED=true \
-                python -m tf_s3.smoke;; \
-    esac; \
+# s3:// in TensorFlow for scripts that never import tensorflow_io (tf_s3/__init__.py), on both
+# lines (2.21: the plugin library and its shim, stage tf-io-plugins). Offline proof: the scheme
+# is registered and answers (a local 404, not "not implemented"), the data-parallel API
+# imports, and the process exits 0 after creating an S3 client (tensorflow/io#1912).
+    echo 'import tf_s3; tf_s3.install()' \
+        > "$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/sm-horovod-tf-s3.pth"; \
+    AWS_ACCESS_KEY_ID=smoke AWS_SECRET_ACCESS_KEY=smoke AWS_EC2_METADATA_DISABLED=true \
+        python -m tf_s3.smoke; \
 # sshd must accept its configuration; a throwaway host key proves it and leaves no trace.
     ssh-keygen -q -t ed25519 -N '' -f /tmp/check_host_key; \
     /usr/sbin/sshd -t -o HostKey=/tmp/check_host_key; \
@@ -526,6 +597,7 @@ CMD []
 FROM final AS image-gpu
 FROM final AS image-cpu
 FROM final AS image-tf2.21-cpu
+FROM final AS image-tf2.21
 FROM torch-final AS image-torch
 FROM torch-final AS image-torch-cpu
 # hadolint ignore=DL3006

@@ -36,7 +36,7 @@ PYTEST_ARGS ?=
 # starts, jobs of sleeping ranks), so two share a 2-core machine well; 1 runs them in order.
 DOCKER_TEST_WORKERS ?= 2
 # The images `make facts` measures (those not built here are left as last measured).
-FACT_IMAGES ?= $(IMAGE):cpu,$(IMAGE):tf2.21-cpu,$(IMAGE):torch-cpu,$(IMAGE):gpu,$(IMAGE):torch
+FACT_IMAGES ?= $(IMAGE):cpu,$(IMAGE):tf2.21-cpu,$(IMAGE):torch-cpu,$(IMAGE):gpu,$(IMAGE):tf2.21,$(IMAGE):torch
 
 GIT_SHA := $(shell git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
 TAG     ?= $(FLAVOR)
@@ -52,7 +52,7 @@ CERT_ERRORS  := certificate verify failed|certificate verification failed|SSL ce
 help: ## List the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 	@echo
-	@echo "Variables: FLAVOR=gpu|cpu|tf2.21-cpu|torch|torch-cpu IMAGE=$(IMAGE) TAG=<FLAVOR> BASE_IMAGE=$(BASE_IMAGE)"
+	@echo "Variables: FLAVOR=gpu|cpu|tf2.21|tf2.21-cpu|torch|torch-cpu IMAGE=$(IMAGE) TAG=<FLAVOR> BASE_IMAGE=$(BASE_IMAGE)"
 	@echo "           CA_BUNDLE=$(or $(CA_BUNDLE),<path>) DOCKER=$(DOCKER) REGISTRY=host:port REGION= STACK= BUCKET= ARGS="
 
 # ---------------------------------------------------------------------------------------------
@@ -85,8 +85,8 @@ base: check-docker ## Build the Debian base image from Debian's packages (no reg
 	fi
 
 .PHONY: build
-build: base ## Build IMAGE:FLAVOR and IMAGE:FLAVOR-<git sha> (FLAVOR=gpu|cpu|tf2.21-cpu|torch|torch-cpu)
-	@case "$(FLAVOR)" in gpu|cpu|tf2.21-cpu|torch|torch-cpu) ;; *) echo "error: FLAVOR must be gpu, cpu, tf2.21-cpu, torch or torch-cpu" >&2; exit 2;; esac
+build: base ## Build IMAGE:FLAVOR and IMAGE:FLAVOR-<git sha> (FLAVOR=gpu|cpu|tf2.21|tf2.21-cpu|torch|torch-cpu)
+	@case "$(FLAVOR)" in gpu|cpu|tf2.21|tf2.21-cpu|torch|torch-cpu) ;; *) echo "error: FLAVOR must be gpu, cpu, tf2.21, tf2.21-cpu, torch or torch-cpu" >&2; exit 2;; esac
 	if $(DOCKER) buildx version >/dev/null 2>&1; then \
 	    build="$(DOCKER) buildx build --load"; \
 	else \

@@ -8,6 +8,10 @@ commit, machine and load, so no hand-copied number can go stale.
     python -m bench.facts render --images sm-horovod:cpu,sm-horovod:torch-cpu --out bench/results
                                         # measure the sizes (docker image inspect), merge the
                                         # recorded times, write facts.json and facts.md
+    python -m bench.facts start build-tf2.21; make build FLAVOR=tf2.21 BUILD_LOG=build/b.log
+    python -m bench.facts finish build-tf2.21 --build-log build/b.log
+                                        # an image's build time, with its Horovod compile step's
+                                        # from BuildKit's log (cached: said so)
 
 `make facts` runs the last. A fact not measured again keeps its last figure and provenance; a
 run that failed records nothing (its time says nothing about a passing run's).
@@ -38,6 +42,11 @@ from bench.provenance import (
 log = logging.getLogger("bench.facts")
 
 RECORDS = Path("build/facts")
+# What `start`/`finish` time: `make smoke`, `make test`, or `make build FLAVOR=<flavor>`.
+_COMMANDS = ("smoke", "test")
+_BUILD = re.compile(r"build-([a-z0-9][a-z0-9.-]*)")
+# The build stage's step that compiles Horovod (Dockerfile, stage `build`), as BuildKit logs it.
+_HOROVOD_STEP = "pip wheel --no-cache-dir --no-deps --no-build-isolation"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,7 +117,9 @@ def facts_markdown(facts: Facts) -> str:
         "",
         "Rendered by `make facts` (`python -m bench.facts render`): image sizes from `docker "
         "image inspect` (uncompressed, as `docker images` shows them), wall times as `make smoke` "
-        "and `make test` recorded them on their last run here (`build/facts/`). A figure not "
+        "and `make test` recorded them on their last run here (`build/facts/`), and image builds "
+        "timed with `bench.facts start/finish build-<flavor>` (their Horovod compile step from "
+        "BuildKit's log). A figure not "
         "measured again keeps its last value and its own date, commit and machine; load: the "
         "machine's 1-minute load average before and after.",
         "",
@@ -138,8 +149,9 @@ def facts_markdown(facts: Facts) -> str:
         for _, run in sorted(facts.commands.items()):
             p = run.provenance
             outcome = "passed" if run.exit_code == 0 else f"**failed** (exit {run.exit_code})"
+            how = f" ({p.settings})" if p.settings else ""
             lines.append(
-                f"| `{run.command}` | {duration_text(p.seconds)} | {outcome} | {_where(p)} | "
+                f"| `{run.command}`{how} | {duration_text(p.seconds)} | {outcome} | {_where(p)} | "
                 f"{p.load_before:.1f}, {p.load_after:.1f} |"
             )
         lines.append("")
@@ -159,25 +171,53 @@ def _write_atomically(path: Path, text: str) -> None:
     partial.replace(path)
 
 
+def timed_name(name: str) -> str:
+    """An argparse type: smoke, test or build-<flavor>."""
+    if name in _COMMANDS or _BUILD.fullmatch(name):
+        return name
+    raise argparse.ArgumentTypeError(f"not smoke, test or build-<flavor>: {name!r}")
+
+
+def command_of(name: str) -> str:
+    build = _BUILD.fullmatch(name)
+    return f"make build FLAVOR={build.group(1)}" if build else f"make {name}"
+
+
+def horovod_compile(build_log: str) -> str:
+    """What BuildKit's plain log says of the step that compiled Horovod: its time, or that it
+    was cached (the build's time then says nothing about a compile)."""
+    steps = re.findall(r"^(#\d+) \[build \d+/\d+\] RUN .*" + re.escape(_HOROVOD_STEP), build_log,
+                       flags=re.MULTILINE)  # fmt: skip
+    for step in reversed(steps):
+        done = re.search(rf"^{step} DONE ([0-9.]+)s$", build_log, flags=re.MULTILINE)
+        if done:
+            return f"Horovod's compile {duration_text(float(done.group(1)))}"
+        if re.search(rf"^{step} CACHED$", build_log, flags=re.MULTILINE):
+            return "Horovod's compile cached"
+    return "Horovod's compile not in the log"
+
+
 def start_command(name: str, records: Path) -> None:
     started = start_measuring()
     _write_atomically(records / f"{name}.started", json.dumps(dataclasses.asdict(started)))
 
 
-def finish_command(name: str, records: Path) -> CommandTime:
+def finish_command(name: str, records: Path, build_log: Path | None = None) -> CommandTime:
     """`make NAME` got to its end (make stops at the first failing step): its wall time since
-    `start_command`, in records/NAME.json."""
+    `start_command`, in records/NAME.json; a build's with its Horovod compile's."""
     marker = records / f"{name}.started"
     started = Started(**json.loads(marker.read_text()))
+    if build_log is not None:
+        started = dataclasses.replace(started, settings=horovod_compile(build_log.read_text()))
     record = CommandTime(
         name=name,
-        command=f"make {name}",
+        command=command_of(name),
         exit_code=0,
         provenance=started.finish(in_this_process=False),
     )
     _write_atomically(records / f"{name}.json", json.dumps(dataclasses.asdict(record), indent=2))
     marker.unlink()
-    log.info("make %s: %s", name, duration_text(record.provenance.seconds))
+    log.info("%s: %s", record.command, duration_text(record.provenance.seconds))
     return record
 
 
@@ -243,8 +283,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="what", required=True)
     for what in ("start", "finish"):
         timing = commands.add_parser(what, help=f"{what} timing `make NAME`")
-        timing.add_argument("name", choices=("smoke", "test"))
+        timing.add_argument("name", type=timed_name, help="smoke, test or build-<flavor>")
         timing.add_argument("--records", type=Path, default=RECORDS)
+        if what == "finish":
+            timing.add_argument("--build-log", type=Path, help="a build's BuildKit log")
     rendering = commands.add_parser("render", help="measure image sizes, write facts.json/.md")
     rendering.add_argument("--docker", default=os.environ.get("DOCKER", "docker"))
     rendering.add_argument("--images", default="sm-horovod:cpu,sm-horovod:torch-cpu")
@@ -258,7 +300,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not (args.records / f"{args.name}.started").is_file():
             log.error("finish %s: no start recorded in %s", args.name, args.records)
             return 1
-        finish_command(args.name, args.records)
+        finish_command(args.name, args.records, args.build_log)
         return 0
     images = [image for image in args.images.split(",") if image]
     facts = render(args.docker, images, args.records, args.out)

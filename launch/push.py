@@ -20,7 +20,7 @@ from launch.errors import LaunchError
 
 log = logging.getLogger(__name__)
 
-FLAVORS: tuple[str, ...] = ("cpu", "gpu", "tf2.21-cpu")
+FLAVORS: tuple[str, ...] = ("cpu", "gpu", "tf2.21", "tf2.21-cpu")
 # ECR repository names: lowercase path components (see CreateRepository's repositoryName).
 _REPOSITORY_NAME = re.compile(r"(?:[a-z0-9]+(?:[._-][a-z0-9]+)*/)*[a-z0-9]+(?:[._-][a-z0-9]+)*")
 _REGISTRY = re.compile(r"[A-Za-z0-9.-]+(?::[0-9]{1,5})?")

@@ -1,19 +1,24 @@
 """bench/facts.py: the figures README.md and docs/ quote outside the benchmark (image sizes,
-`make smoke` and `make test` wall times) come from a command, with their provenance."""
+`make smoke`, `make test` and image build wall times) come from a command, with their
+provenance."""
 
 from __future__ import annotations
 
 import json
 import time
 
+import pytest
+
 from bench.facts import (
     CommandTime,
     Facts,
     ImageSize,
     built_from,
+    command_from_json,
     facts_from_json,
     facts_markdown,
     facts_to_json,
+    horovod_compile,
     main,
 )
 from bench.provenance import Provenance
@@ -63,3 +68,37 @@ def test_start_and_finish_record_a_passing_runs_wall_time(tmp_path):
     # A finish without its start (make stopped before, or a stale record) records nothing.
     assert main(["finish", "smoke", "--records", str(tmp_path)]) == 1
     assert not (tmp_path / "smoke.json").exists()
+
+
+BUILD_LOG = """\
+#16 [build-tf2.21-common 2/2] RUN set -eux; pip download horovod
+#16 DONE 21.8s
+#17 [build 1/1] RUN set -eux; pip wheel --no-cache-dir --no-deps --no-build-isolation --wheel-dir /w
+#17 4.868   Building wheel for horovod (setup.py): started
+#17 DONE 754.3s
+"""
+
+
+def test_a_builds_time_says_how_long_horovods_compile_took_or_that_it_was_cached(tmp_path):
+    assert horovod_compile(BUILD_LOG) == "Horovod's compile 12 min 34 s"
+    cached = BUILD_LOG.replace("#17 DONE 754.3s", "#17 CACHED")
+    assert horovod_compile(cached) == "Horovod's compile cached"
+    assert horovod_compile("#3 [os 1/7] RUN apt-get\n#3 DONE 1.0s\n") == (
+        "Horovod's compile not in the log"
+    )
+    log = tmp_path / "build.log"
+    log.write_text(BUILD_LOG)
+    assert main(["start", "build-tf2.21", "--records", str(tmp_path)]) == 0
+    assert (
+        main(["finish", "build-tf2.21", "--records", str(tmp_path), "--build-log", str(log)]) == 0
+    )
+    record = command_from_json((tmp_path / "build-tf2.21.json").read_text())
+    assert record.command == "make build FLAVOR=tf2.21"
+    markdown = facts_markdown(Facts({}, {"build-tf2.21": record}))
+    assert "| `make build FLAVOR=tf2.21` (Horovod's compile 12 min 34 s) |" in markdown
+
+
+def test_only_smoke_test_and_builds_are_timed(capsys):
+    with pytest.raises(SystemExit):
+        main(["start", "deploy"])
+    assert "not smoke, test or build-<flavor>: 'deploy'" in capsys.readouterr().err

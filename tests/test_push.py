@@ -73,7 +73,7 @@ def test_registry_host_and_token() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"flavor": "tpu"}, "flavor must be one of cpu, gpu, tf2.21-cpu, got 'tpu'"),
+        ({"flavor": "tpu"}, "flavor must be one of cpu, gpu, tf2.21, tf2.21-cpu, got 'tpu'"),
         ({"sha": "HEAD"}, "git sha must be 7-40 lowercase hex digits, got 'HEAD'"),
         ({"image": "SM-Horovod"}, "image name 'SM-Horovod' is not a valid lowercase repository"),
         ({"repository": "a//b"}, "repository name 'a//b' is not a valid ECR repository name"),

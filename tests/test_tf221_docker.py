@@ -34,10 +34,12 @@ from PIL import Image
 from harness.digits import DIGITS_HYPERPARAMETERS
 from harness.serving import ServeContainer, post
 from tests.conftest import tf221_image_name
+from tests.test_aws_tf_scripts import s3_cluster  # noqa: F401 (a fixture: this module's image)
 from tests.test_tf_distribute import MWMS, make_mnist_npy
 
 TF221_IMAGE = tf221_image_name()
 PROGRAMS = Path(__file__).parent / "programs" / "tf221"
+S3_PROGRAMS = Path(__file__).parent / "programs" / "s3"
 EXAMPLES = PROGRAMS / "horovod_examples"
 JOB_TIMEOUT_S = 400
 
@@ -174,3 +176,25 @@ def test_builtin_model_under_multi_worker_mirrored_strategy(make_cluster, digits
     metrics = json.loads((cluster.ml_root("algo-1") / "model" / "metrics.json").read_text())
     assert metrics["test"]["images"] == 360, metrics
     assert metrics["test"]["accuracy"] >= 0.9, metrics
+
+
+def test_import_keras_first_then_s3_ends_with_exit_0(s3_cluster):  # noqa: F811 (the fixture)
+    """s3:// on the 2.21 line: tf_s3's hook registers tensorflow-io 0.37.1's plugin library
+    after the shim that gives it the symbols TF 2.21 no longer exports (docker/tf-io-shim/);
+    a script that imports keras first writes an object to a moto server through tf.io.gfile,
+    reads it back, and the process exits 0 (no tensorflow_io package on this line). The 2.14
+    line's test of the same program: tests/test_aws_tf_scripts.py."""
+    cluster, s3 = s3_cluster(
+        1,
+        hyperparameters={"sagemaker_program": "keras_first.py", "model_dir": "s3://models/kf"},
+        code_dir=S3_PROGRAMS,
+    )
+    cluster.start()
+    assert cluster.wait(timeout=200) == {"algo-1": 0}, cluster.describe()
+    log = cluster.logs("algo-1")
+    assert "KERAS_FIRST_S3_DONE tensorflow_io=False read='written after import keras'" in log, log[
+        -4000:
+    ]
+    assert "not loaded" not in log, log[-4000:]
+    assert "pure virtual method called" not in log, log[-4000:]
+    assert s3.keys("models", "kf/") == ["kf/keras-first.txt"]
