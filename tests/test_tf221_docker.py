@@ -183,7 +183,8 @@ def test_import_keras_first_then_s3_ends_with_exit_0(s3_cluster):  # noqa: F811 
     after the shim that gives it the symbols TF 2.21 no longer exports (docker/tf-io-shim/);
     a script that imports keras first writes an object to a moto server through tf.io.gfile,
     reads it back, and the process exits 0 (no tensorflow_io package on this line). The 2.14
-    line's test of the same program: tests/test_aws_tf_scripts.py."""
+    line's test of the same program: tests/test_aws_tf_scripts.py. 6 s on the CPU image at
+    load 4, 19 s on the GPU image at load 14 (2 cores)."""
     cluster, s3 = s3_cluster(
         1,
         hyperparameters={"sagemaker_program": "keras_first.py", "model_dir": "s3://models/kf"},
