@@ -34,6 +34,8 @@ ARGS       ?=
 PYTEST_ARGS ?=
 # Processes the docker tests run in (pytest-xdist): they mostly wait (stall timeouts, container
 # starts, jobs of sleeping ranks), so two share a 2-core machine well; 1 runs them in order.
+# Those marked `alone` (a bound on time that the other process's work would stretch) run after
+# them, one at a time.
 DOCKER_TEST_WORKERS ?= 2
 # The images `make facts` measures (those not built here are left as last measured).
 FACT_IMAGES ?= $(IMAGE):cpu,$(IMAGE):tf2.21-cpu,$(IMAGE):torch-cpu,$(IMAGE):gpu,$(IMAGE):tf2.21,$(IMAGE):torch
@@ -162,8 +164,13 @@ test: setup venv venv-sdk3 ## Run every test: unit tests, then the cluster tests
 	SM_IMAGE=$(IMAGE):cpu SM_TORCH_IMAGE=$(IMAGE):torch-cpu SM_IMAGE_TF221=$(IMAGE):tf2.21-cpu \
 	    DOCKER=$(DOCKER) \
 	    SDK3_PYTHON=$(abspath $(SDK3_VENV))/bin/python \
-	    $(PY) -m pytest -m "docker and not bench" -n $(DOCKER_TEST_WORKERS) --dist loadgroup \
-	    --junitxml=build/test-results/docker.xml $(PYTEST_ARGS)
+	    $(PY) -m pytest -m "docker and not bench and not alone" -n $(DOCKER_TEST_WORKERS) \
+	    --dist loadgroup --junitxml=build/test-results/docker.xml $(PYTEST_ARGS)
+	SM_IMAGE=$(IMAGE):cpu SM_TORCH_IMAGE=$(IMAGE):torch-cpu SM_IMAGE_TF221=$(IMAGE):tf2.21-cpu \
+	    DOCKER=$(DOCKER) \
+	    SDK3_PYTHON=$(abspath $(SDK3_VENV))/bin/python \
+	    $(PY) -m pytest -m "docker and not bench and alone" \
+	    --junitxml=build/test-results/docker-alone.xml $(PYTEST_ARGS)
 	@$(PY) -m bench.facts finish test
 
 .PHONY: test-unit

@@ -119,6 +119,7 @@ def test_the_rest_of_the_api_optimizers_hooks_and_callbacks_on_two_hosts(make_cl
         assert seen["keras_metric"] == 1.5, seen
 
 
+@pytest.mark.alone
 def test_a_rank_that_raises_fails_every_host(make_cluster, digits28):
     cluster = make_cluster(
         2,

@@ -316,6 +316,7 @@ def ping_latencies(server: ServeContainer, until: threading.Event) -> list[float
     return latencies
 
 
+@pytest.mark.alone
 def test_ping_answers_in_100_ms_while_a_call_runs_2_s(server: ServeContainer) -> None:
     """~5 s: two 2 s calls of the slow model; /ping every 20 ms meanwhile."""
     done = threading.Event()
@@ -337,6 +338,7 @@ def test_ping_answers_in_100_ms_while_a_call_runs_2_s(server: ServeContainer) ->
     assert max(latencies) < 0.1, sorted(latencies)[-5:]
 
 
+@pytest.mark.alone
 def test_a_call_that_hangs_gets_504_and_the_worker_keeps_serving(server: ServeContainer) -> None:
     """~6 s: the hang model's calls are short, so they run on the event loop; then one call
     hangs: it is cut there (20 ms), moved to the model thread, and cut again at the request
