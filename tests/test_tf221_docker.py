@@ -34,12 +34,14 @@ from PIL import Image
 from harness.digits import DIGITS_HYPERPARAMETERS
 from harness.serving import ServeContainer, post
 from tests.conftest import tf221_image_name
-from tests.test_aws_tf_scripts import s3_cluster  # noqa: F401 (a fixture: this module's image)
+from tests.test_aws_tf_scripts import (
+    run_keras_first_s3,
+    s3_cluster,  # noqa: F401 (a fixture: this module's image)
+)
 from tests.test_tf_distribute import MWMS, make_mnist_npy
 
 TF221_IMAGE = tf221_image_name()
 PROGRAMS = Path(__file__).parent / "programs" / "tf221"
-S3_PROGRAMS = Path(__file__).parent / "programs" / "s3"
 EXAMPLES = PROGRAMS / "horovod_examples"
 JOB_TIMEOUT_S = 400
 
@@ -185,17 +187,4 @@ def test_import_keras_first_then_s3_ends_with_exit_0(s3_cluster):  # noqa: F811 
     reads it back, and the process exits 0 (no tensorflow_io package on this line). The 2.14
     line's test of the same program: tests/test_aws_tf_scripts.py. 6 s on the CPU image at
     load 4, 19 s on the GPU image at load 14 (2 cores)."""
-    cluster, s3 = s3_cluster(
-        1,
-        hyperparameters={"sagemaker_program": "keras_first.py", "model_dir": "s3://models/kf"},
-        code_dir=S3_PROGRAMS,
-    )
-    cluster.start()
-    assert cluster.wait(timeout=200) == {"algo-1": 0}, cluster.describe()
-    log = cluster.logs("algo-1")
-    assert "KERAS_FIRST_S3_DONE tensorflow_io=False read='written after import keras'" in log, log[
-        -4000:
-    ]
-    assert "not loaded" not in log, log[-4000:]
-    assert "pure virtual method called" not in log, log[-4000:]
-    assert s3.keys("models", "kf/") == ["kf/keras-first.txt"]
+    run_keras_first_s3(s3_cluster, tensorflow_io=False)
