@@ -188,33 +188,13 @@ ENV CC=gcc-11 \
     HOROVOD_BUILD_CUDA_CC_LIST=70,75,80,86,89,90
 
 # The 2.21 line's GPU compilers, below its Horovod source so that a patch change does not
-# install them again. No CUDA 12 nvcc is reachable here (docs/tf-lines.md): Debian's CUDA 11.8
-# nvcc compiles Horovod's kernels (as build-gpu), against the cu12 NCCL wheel's nccl.h (it
-# accepts CUDA >= 11); Horovod links CUDA 11.8's runtime statically (its CMake default), so
-# the image needs no libcudart.so.11: TensorFlow's libcudart.so.12 and it share the driver.
+# install them again: build-gpu's (FLAVOR=tf2.21 builds it on the 2.21 line's build-common).
+# No CUDA 12 nvcc is reachable here (docs/tf-lines.md): Debian's CUDA 11.8 nvcc compiles
+# Horovod's kernels, against the cu12 NCCL wheel's nccl.h (it accepts CUDA >= 11); Horovod
+# links CUDA 11.8's runtime statically (its CMake default), so the image needs no
+# libcudart.so.11: TensorFlow's libcudart.so.12 and it share the driver.
 FROM build-common AS build-tf2.21-toolchain-tf2.21-cpu
-FROM build-common AS build-tf2.21-toolchain-tf2.21
-# hadolint ignore=DL3008
-RUN set -eux; \
-    if [ -f /etc/apt/sources.list.d/debian.sources ]; then \
-        sed -i 's/^Components: main$/Components: main contrib non-free non-free-firmware/' /etc/apt/sources.list.d/debian.sources; \
-    fi; \
-    if [ -f /etc/apt/sources.list ]; then \
-        sed -i -E 's/^(deb .* main)$/\1 contrib non-free non-free-firmware/' /etc/apt/sources.list; \
-    fi; \
-    apt-get update; \
-    apt-get install -y --no-install-recommends g++-11 nvidia-cuda-toolkit; \
-    rm -rf /var/lib/apt/lists/*; \
-    nvcc --version; \
-    ln -s libnccl.so.2 /opt/venv/lib/python3.11/site-packages/nvidia/nccl/lib/libnccl.so
-ENV CC=gcc-11 \
-    CXX=g++-11 \
-    HOROVOD_GPU=CUDA \
-    HOROVOD_GPU_OPERATIONS=NCCL \
-    HOROVOD_CUDA_HOME=/usr \
-    HOROVOD_NCCL_HOME=/opt/venv/lib/python3.11/site-packages/nvidia/nccl \
-    HOROVOD_NCCL_LINK=SHARED \
-    HOROVOD_BUILD_CUDA_CC_LIST=70,75,80,86,89,90
+FROM build-gpu AS build-tf2.21-toolchain-tf2.21
 
 # Horovod 0.28.1 (its last release) from its sdist, checksum pinned, with our patches for
 # TensorFlow 2.21 (docker/horovod-patches/source/: each file's header says what it fixes and
