@@ -32,8 +32,15 @@ if total != size * (size + 1) / 2:
 
 print(f"RUNNING rank={rank}", flush=True)
 deadline = time.monotonic() + args.seconds
-while time.monotonic() < deadline:
-    stop = hvd.allreduce(tf.constant(1.0 if stop_requested else 0.0), op=hvd.Max).numpy()
+while args.seconds > 0:
+    # Every rank leaves the loop at the same step: the ranks agree on "time is up" as on the
+    # stop, since a rank leaving on its own clock exits while its peers are in one more
+    # allreduce, which then fails ("Horovod has been shut down"): a healthy job failing.
+    time_up = time.monotonic() >= deadline
+    flags = [1.0 if stop_requested else 0.0, 1.0 if time_up else 0.0]
+    stop, time_up = hvd.allreduce(tf.constant(flags), op=hvd.Max).numpy()
+    if time_up and not stop:
+        break
     if stop:
         if rank == 0:
             checkpoints = Path("/opt/ml/checkpoints")

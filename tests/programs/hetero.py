@@ -66,8 +66,9 @@ if total != size * (size + 1) / 2:
     sys.exit(f"wrong sum {total} for {size} ranks")
 print(f"RUNNING rank={rank}", flush=True)
 deadline = time.monotonic() + args.seconds
-while time.monotonic() < deadline:
-    allreduce(0.0)
+# The ranks agree on when time is up (a rank leaving on its own clock exits while its peers are
+# in one more allreduce, which then fails).
+while args.seconds > 0 and allreduce(1.0 if time.monotonic() >= deadline else 0.0) == 0:
     time.sleep(0.1)
 print(f"DONE rank={rank}", flush=True)
 if args.framework in ("torch", "smddp"):

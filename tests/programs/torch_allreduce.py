@@ -21,9 +21,14 @@ total = torch.tensor([float(rank + 1)])
 dist.all_reduce(total)
 print(f"TORCH rank={rank} size={size} sum={total.item():g} host={host}", flush=True)
 started = time.monotonic()
-while time.monotonic() - started < args.seconds:
+while True:
     if rank == args.fail_rank and time.monotonic() - started > args.fail_after:
         raise RuntimeError(f"failing on purpose on rank {rank}")
-    dist.all_reduce(torch.ones(1))
+    # The ranks agree on when time is up: a rank leaving on its own clock destroys its group
+    # while its peers are in one more all_reduce, which then fails (a healthy job failing).
+    time_up = torch.tensor([1.0 if time.monotonic() - started >= args.seconds else 0.0])
+    dist.all_reduce(time_up, op=dist.ReduceOp.MAX)
+    if time_up.item():
+        break
     time.sleep(0.1)
 dist.destroy_process_group()

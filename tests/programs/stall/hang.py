@@ -172,7 +172,9 @@ def main() -> None:
         return
     started = time.monotonic()
     step = 0
-    while time.monotonic() - started < args.seconds:
+    # The ranks agree on when time is up (the second allreduce): a rank leaving on its own
+    # clock exits while its peers are in one more allreduce, which then fails.
+    while not allreduce(int(time.monotonic() - started >= args.seconds)):
         if rank in hangs and time.monotonic() - started > args.hang_after:
             print(f"HANGING rank={rank} how={hangs[rank]} at={time.time():.3f}", flush=True)
             hang(hangs[rank])
