@@ -87,7 +87,7 @@ def test_the_files_that_use_the_sdks_local_mode_run_in_one_process(tmp_path: Pat
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-n", "2",
          "--dist", "loadgroup", "-o", "markers=docker: test marker", str(tests)],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120, check=False,
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
     ran = {path.name: path.read_text() for path in where.iterdir()}
