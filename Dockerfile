@@ -103,8 +103,8 @@ ENV NVIDIA_VISIBLE_DEVICES=all \
     LD_LIBRARY_PATH=/opt/venv/lib/python3.11/site-packages/nvidia/cublas/lib:/opt/venv/lib/python3.11/site-packages/nvidia/cuda_cupti/lib:/opt/venv/lib/python3.11/site-packages/nvidia/cuda_runtime/lib:/opt/venv/lib/python3.11/site-packages/nvidia/cudnn/lib:/opt/venv/lib/python3.11/site-packages/nvidia/cufft/lib:/opt/venv/lib/python3.11/site-packages/nvidia/curand/lib:/opt/venv/lib/python3.11/site-packages/nvidia/cusolver/lib:/opt/venv/lib/python3.11/site-packages/nvidia/cusparse/lib:/opt/venv/lib/python3.11/site-packages/nvidia/nccl/lib
 
 # The TensorFlow 2.21 line (FLAVOR=tf2.21-cpu; FLAVOR=tf2.21 for GPU; docs/tf-lines.md): Keras
-# 3, plus tf-keras for TF_USE_LEGACY_KERAS=1; no tensorflow-io package, which has no release
-# after TF 2.16 (s3:// comes from its plugin library alone: stage tf-io-plugins). Its own
+# 3, plus tf-keras for TF_USE_LEGACY_KERAS=1; tensorflow-io, which has no release after TF 2.16,
+# without its op libraries and with a shim of ours (s3://: stage tf-io-plugins). Its own
 # requirements and pins (docker/tf2.21/, a folder of its own so that the 2.14 line's
 # requirements*.txt never picks them up); the stages below this one are shared with 2.14.
 FROM os AS tf2.21-pydeps-install
@@ -122,8 +122,8 @@ RUN --mount=type=cache,target=/root/.cache/pip \
     pip install --no-deps -c /opt/requirements/constraints.txt tf-keras; \
     { grep -rlZ --include='*.pem' --include='*.key' -e 'PRIVATE KEY-----' /opt/venv/lib || true; } \
         | xargs -0r rm -v
-# tf_s3 registers the file system plugins from here (stage tf-io-plugins).
-ENV SM_HVD_TF_IO_PLUGINS=/opt/sm-horovod/tf-io
+# tf_s3 loads this before tensorflow_io registers its file system plugins (stage tf-io-plugins).
+ENV SM_HVD_TF_IO_SHIM=/opt/sm-horovod/tf-io/libsm_tsl_shim.so
 
 FROM tf2.21-pydeps-install AS pydeps-tf2.21-cpu
 
@@ -234,11 +234,13 @@ RUN --mount=type=secret,id=ca,target=/etc/ssl/certs/ca-certificates.crt \
     pip wheel --no-cache-dir --no-deps --no-build-isolation --wheel-dir /wheels \
         -r /opt/requirements/requirements-build.txt
 
-# s3:// on the 2.21 line (tf_s3/, docs/tf-lines.md): tensorflow-io 0.37.1's file system plugin
-# library alone, from its wheel (checksum pinned; the wheel's op libraries and Python package do
-# not load on TF 2.21), and the shim library that gives it the TensorFlow-internal symbols 2.21
-# no longer exports (docker/tf-io-shim/tsl_shim.cc says which and why). The final stage installs
-# them from the wheels folder.
+# s3:// on the 2.21 line (tf_s3/, docs/tf-lines.md): tensorflow-io 0.37.1 (checksum pinned), its
+# last release, built for TF 2.16: its Python package and file system plugin library
+# (libtensorflow_io_plugins.so: s3, az, hdfs, http) load on 2.21, its op libraries do not (they
+# need TF 2.16's internals) and leave the wheel here, most of its size; a tfio op then fails in
+# one line naming the missing library. The plugin library needs 18 TensorFlow-internal symbols
+# that 2.21 no longer exports: the shim library built here has them
+# (docker/tf-io-shim/tsl_shim.cc says which and why). The final stage installs both.
 FROM build-common AS tf-io-plugins
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ARG TENSORFLOW_IO_VERSION=0.37.1
@@ -251,12 +253,13 @@ RUN --mount=type=bind,source=docker/tf-io-shim,target=/tmp/tf-io-shim \
         "tensorflow-io==${TENSORFLOW_IO_VERSION}"; \
     wheel="$(echo /tmp/wheel/tensorflow_io-*.whl)"; \
     echo "${TENSORFLOW_IO_SHA256} *${wheel}" | sha256sum -c -; \
-    mkdir /tf-io; \
-    python -c 'import sys, zipfile; open(sys.argv[2], "wb").write(zipfile.ZipFile(sys.argv[1]).read("tensorflow_io/python/ops/libtensorflow_io_plugins.so"))' \
-        "$wheel" /tf-io/libtensorflow_io_plugins.so; \
+    python -m wheel unpack --dest /tmp/unpacked "$wheel"; \
+    find /tmp/unpacked -name '*.so' ! -name libtensorflow_io_plugins.so -print -delete; \
+    mkdir -p /tf-io/wheel; \
+    python -m wheel pack --dest-dir /tf-io/wheel /tmp/unpacked/tensorflow_io-*; \
     g++ -std=c++17 -O2 -fPIC -shared -fvisibility=hidden -Wall -Wextra -Werror \
         -o /tf-io/libsm_tsl_shim.so /tmp/tf-io-shim/tsl_shim.cc; \
-    rm -rf /tmp/wheel
+    rm -rf /tmp/wheel /tmp/unpacked
 
 # The TensorFlow 2.21 line's patches to Horovod's Python side (docker/horovod-patches/python/:
 # Keras 3) are applied to the built wheel, not to the source before its compile: a change to
@@ -272,7 +275,8 @@ RUN --mount=type=bind,source=docker/horovod-patches/python,target=/tmp/horovod-p
     rm /wheels/horovod-*.whl; \
     python -m wheel pack --dest-dir /wheels /tmp/unpacked/horovod-*; \
     rm -rf /tmp/unpacked
-COPY --from=tf-io-plugins /tf-io /wheels/tf-io
+COPY --from=tf-io-plugins /tf-io/wheel/ /wheels/
+COPY --from=tf-io-plugins /tf-io/libsm_tsl_shim.so /wheels/tf-io/
 
 FROM wheels-tf2.21-common AS wheels-tf2.21-cpu
 FROM wheels-tf2.21-common AS wheels-tf2.21
@@ -292,10 +296,16 @@ SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 RUN --mount=type=bind,from=wheels,source=/wheels,target=/wheels \
     set -eux; \
     pip install --no-deps --no-index --no-cache-dir /wheels/*.whl; \
-    if [ -d /wheels/tf-io ]; then mkdir -p "$SM_HVD_TF_IO_PLUGINS"; cp /wheels/tf-io/* "$SM_HVD_TF_IO_PLUGINS/"; fi; \
-    if [ "$FLAVOR" = tf2.21-cpu ]; then \
+    if [ -d /wheels/tf-io ]; then install -D -m 0644 /wheels/tf-io/libsm_tsl_shim.so "$SM_HVD_TF_IO_SHIM"; fi; \
+# Two requirements are left out on purpose on the 2.21 line, and pip check allows exactly those:
+# tf-keras asks for `tensorflow`, the CUDA build, where tensorflow-cpu is installed (the CPU
+# flavor), and tensorflow-io for tensorflow-io-gcs-filesystem, a plugin built for TF 2.16 that
+# TensorFlow would load at its own import (gs:// is TensorFlow's own since 2.6).
+    if [ -d /wheels/tf-io ]; then \
         { pip check || true; } > /tmp/pip-check.txt; \
-        sed -i -E '/^tf-keras [0-9.]+ requires tensorflow, which is not installed\.$/d' /tmp/pip-check.txt; \
+        sed -i -E -e '/^tf-keras [0-9.]+ requires tensorflow, which is not installed\.$/d' \
+            -e '/^tensorflow-io [0-9.]+ requires tensorflow-io-gcs-filesystem, which is not installed\.$/d' \
+            /tmp/pip-check.txt; \
         if grep -v '^No broken requirements found\.$' /tmp/pip-check.txt; then exit 1; fi; \
         rm /tmp/pip-check.txt; \
     else \
@@ -382,7 +392,7 @@ RUN set -eux; \
     [ "$(command -v serve)" = /opt/venv/bin/serve ]; \
     python -c 'import serve.app, uvicorn, uvloop, httptools'; \
 # s3:// in TensorFlow for scripts that never import tensorflow_io (tf_s3/__init__.py), on both
-# lines (2.21: the plugin library and its shim, stage tf-io-plugins). Offline proof: the scheme
+# lines (2.21: tensorflow-io's plugin library after our shim, stage tf-io-plugins). Offline proof: the scheme
 # is registered and answers (a local 404, not "not implemented"), the data-parallel API
 # imports, and the process exits 0 after creating an S3 client (tensorflow/io#1912).
     echo 'import tf_s3; tf_s3.install()' \

@@ -33,12 +33,13 @@ from PIL import Image
 
 from harness.digits import DIGITS_HYPERPARAMETERS
 from harness.serving import ServeContainer, post
+from model.checkpoints import latest_checkpoint
 from tests.conftest import tf221_image_name
 from tests.test_aws_tf_scripts import (
     run_keras_first_s3,
     s3_cluster,  # noqa: F401 (a fixture: this module's image)
 )
-from tests.test_tf_distribute import MWMS, make_mnist_npy
+from tests.test_tf_distribute import AWS_PS_DIR, MWMS, PS, make_mnist_npy
 
 TF221_IMAGE = tf221_image_name()
 PROGRAMS = Path(__file__).parent / "programs" / "tf221"
@@ -162,6 +163,43 @@ def test_builtin_model_reaches_the_2_14_accuracy_and_serve_answers_for_it(
     assert served == pytest.approx(metrics["test"]["accuracy"], abs=1.5 / 360)
 
 
+def test_builtin_model_stopped_by_sigterm_checkpoints_and_a_new_job_resumes(
+    make_cluster, digits_dir, tmp_path
+):
+    """The stop contract on this line (Keras 3 weights and optimizer in a tf.train.Checkpoint):
+    SIGTERM in the second epoch (StopTrainingJob, a spot interruption) writes a checkpoint and
+    exits 143; a new job on the same checkpoint folder resumes from it, restores every weight
+    and optimizer slot (assert_existing_objects_matched), and trains only the epoch left."""
+    checkpoints = tmp_path / "checkpoints"
+    checkpoints.mkdir()
+    stopped = make_cluster(
+        1,
+        hyperparameters={**DIGITS_HYPERPARAMETERS, "epochs": "50"},
+        channels={"train": digits_dir["train"]},
+        checkpoint_dir=checkpoints,
+    )
+    stopped.start()
+    stopped.wait_for_log("algo-1", "epoch=1 loss=", timeout=JOB_TIMEOUT_S)
+    for stopper in stopped.stop(["algo-1"], timeout=60):
+        stopper.wait(timeout=90)
+    assert stopped.wait(timeout=30) == {"algo-1": 143}, stopped.describe()
+    assert "stopped by SIGTERM at step" in stopped.logs("algo-1"), stopped.describe()
+    found = latest_checkpoint(checkpoints)
+    assert found is not None and found[0] >= 1, stopped.describe()
+    epoch = found[0]
+    resumed = make_cluster(
+        1,
+        hyperparameters={**DIGITS_HYPERPARAMETERS, "epochs": str(epoch + 1)},
+        channels={"train": digits_dir["train"]},
+        checkpoint_dir=checkpoints,
+    )
+    resumed.start()
+    assert resumed.wait(timeout=JOB_TIMEOUT_S) == {"algo-1": 0}, resumed.describe()
+    log = resumed.logs("algo-1")
+    assert f"resuming from checkpoint epoch={epoch} (" in log, resumed.describe()
+    assert re.findall(r"epoch=(\d+) loss=", log) == [str(epoch + 1)], resumed.describe()
+
+
 def test_builtin_model_under_multi_worker_mirrored_strategy(make_cluster, digits_dir):
     """tf.distribute on this line: the built-in model under MultiWorkerMirroredStrategy on 2
     hosts, on tf_keras (Keras 3's model.fit fails under that strategy: model/backend.py), to a
@@ -181,10 +219,40 @@ def test_builtin_model_under_multi_worker_mirrored_strategy(make_cluster, digits
 
 
 def test_import_keras_first_then_s3_ends_with_exit_0(s3_cluster):  # noqa: F811 (the fixture)
-    """s3:// on the 2.21 line: tf_s3's hook registers tensorflow-io 0.37.1's plugin library
-    after the shim that gives it the symbols TF 2.21 no longer exports (docker/tf-io-shim/);
-    a script that imports keras first writes an object to a moto server through tf.io.gfile,
-    reads it back, and the process exits 0 (no tensorflow_io package on this line). The 2.14
-    line's test of the same program: tests/test_aws_tf_scripts.py. 6 s on the CPU image at
-    load 4, 19 s on the GPU image at load 14 (2 cores)."""
-    run_keras_first_s3(s3_cluster, tensorflow_io=False)
+    """s3:// on the 2.21 line: tf_s3's hook loads the shim that gives tensorflow-io 0.37.1's
+    plugin library the symbols TF 2.21 no longer exports (docker/tf-io-shim/), then imports
+    tensorflow_io; a script that imports keras first writes an object to a moto server through
+    tf.io.gfile, reads it back, and the process exits 0. The 2.14 line's test of the same
+    program: tests/test_aws_tf_scripts.py. 6 s on the CPU image at load 4, 19 s on the GPU
+    image at load 14 (2 cores)."""
+    run_keras_first_s3(s3_cluster)
+
+
+def test_aws_custom_loop_mnist_script_imports_tensorflow_io_and_saves_to_s3(
+    s3_cluster,  # noqa: F811 (the fixture)
+    mnist_npy,
+):
+    """AWS's toolkit MNIST script for parameter servers (tests/programs/aws_ps/mnist_custom.py),
+    unchanged: it runs `import tensorflow_io as tfio` itself, trains a custom loop on every host
+    under the toolkit's parameter-server layout, and the first host saves its checkpoints to an
+    s3:// model_dir (a moto server). No rank logs "not loaded"; every host exits 0."""
+    cluster, s3 = s3_cluster(
+        2,
+        hyperparameters={
+            **PS,
+            "sagemaker_program": "mnist_custom.py",
+            "model_dir": "s3://models/custom",
+            "epochs": "1",
+        },
+        code_dir=AWS_PS_DIR,
+        channels={"training": mnist_npy},
+    )
+    cluster.start()
+    assert cluster.wait(timeout=JOB_TIMEOUT_S) == {"algo-1": 0, "algo-2": 0}, cluster.describe()
+    logs = {host: cluster.logs(host) for host in cluster.hosts}
+    assert "CUSTOM_DONE latest=s3://models/custom/model.ckpt-1" in logs["algo-1"], logs["algo-1"]
+    assert "[algo-2 worker:0] Epoch 1 " in logs["algo-2"], logs["algo-2"]
+    for host, log in logs.items():
+        assert "not loaded" not in log, (host, log[-4000:])
+    keys = s3.keys("models", "custom/")
+    assert {"custom/checkpoint", "custom/model.ckpt-1.index"} <= set(keys), keys

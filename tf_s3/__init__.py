@@ -9,10 +9,11 @@ process imports tensorflow (a rank, a tf.distribute task, TensorBoard, `serve`),
 imports tensorflow_io. A script's own `import tensorflow_io` then finds it imported (a second
 registration of the plugin would fail with AlreadyExistsError).
 
-On the TensorFlow 2.21 line (SM_HVD_TF_IO_PLUGINS names a folder) there is no tensorflow_io
-package: its last release's plugin library alone is registered, after the shim library beside it
-(docker/tf-io-shim/tsl_shim.cc says why) has supplied the TensorFlow-internal symbols that 2.21
-no longer exports (docs/tf-lines.md).
+On the TensorFlow 2.21 line the package is tensorflow-io 0.37.1 (its last release, built for TF
+2.16) without its op libraries: its file system plugin library loads there once the shim library
+that SM_HVD_TF_IO_SHIM names (docker/tf-io-shim/tsl_shim.cc says why) has supplied, with its
+symbols global, the TensorFlow-internal symbols that 2.21 no longer exports; the hook loads the
+shim first (docs/tf-lines.md).
 
 Settings are the plugin's: credentials from the AWS SDK's default chain (AWS_ACCESS_KEY_ID...,
 the container credentials endpoint, instance metadata), S3_ENDPOINT, S3_VERIFY_SSL, AWS_REGION /
@@ -30,10 +31,8 @@ from pathlib import Path
 from types import ModuleType
 
 DISABLE_ENV = "SM_HVD_TF_S3"
-# The 2.21 images set it: the folder with the plugin library and the shim (Dockerfile).
-PLUGINS_ENV = "SM_HVD_TF_IO_PLUGINS"
-PLUGIN_LIBRARY = "libtensorflow_io_plugins.so"
-SHIM_LIBRARY = "libsm_tsl_shim.so"
+# The 2.21 images set it: the shim library's path (Dockerfile).
+SHIM_ENV = "SM_HVD_TF_IO_SHIM"
 # tensorflow_io imports Keras: loaded while either of these is half-imported, it fails on a
 # circular import. Whichever of them finishes importing last loads it.
 _WAIT_FOR = ("tensorflow", "keras")
@@ -45,8 +44,8 @@ def install() -> None:
         return
     import wrapt  # noqa: PLC0415 (only when enabled; TensorFlow depends on it)
 
-    plugins = os.environ.get(PLUGINS_ENV)
-    loader = _PluginLoader(Path(plugins) if plugins else None)
+    shim = os.environ.get(SHIM_ENV)
+    loader = _PluginLoader(Path(shim) if shim else None)
     for name in _WAIT_FOR:
         wrapt.register_post_import_hook(loader.on_import, name)
 
@@ -69,12 +68,15 @@ def _initializing(module: object) -> bool:
 
 
 class _PluginLoader:
-    """Loads the file system plugins once per process, at the first hook that finds TensorFlow
-    ready: `import tensorflow_io`, or, given a folder (the 2.21 line), its plugin library."""
+    """Imports tensorflow_io once per process, at the first hook that finds TensorFlow ready;
+    given a shim library (the 2.21 line), loads it first. The interpreter in the image runs the
+    .pth hook's install() twice (two loaders, seen on both lines): the second import is a no-op,
+    and so is a script's own `import tensorflow_io` (a second registration of the plugin would
+    fail with AlreadyExistsError)."""
 
-    def __init__(self, plugins: Path | None) -> None:
+    def __init__(self, shim: Path | None) -> None:
         self.tried = False
-        self.plugins = plugins
+        self.shim = shim
 
     def on_import(self, module: ModuleType) -> None:
         if self.tried or not ready_to_load(sys.modules, module.__name__):
@@ -83,30 +85,16 @@ class _PluginLoader:
         # First: a plugin library that registered before a failure below still crashes at exit.
         atexit.register(exit_before_static_destructors)
         try:
-            if self.plugins is None:
-                import tensorflow_io  # noqa: F401, PLC0415 (registers the file system plugins)
-            else:
-                register_plugin_library(self.plugins)
+            if self.shim is not None:
+                # Global: the plugin library's undefined tsl:: symbols bind to the first global
+                # definition, the shim's (TensorFlow 2.21 exports none).
+                ctypes.CDLL(str(self.shim), mode=ctypes.RTLD_GLOBAL)
+            import tensorflow_io  # noqa: F401, PLC0415 (registers the file system plugins)
         except Exception as error:  # noqa: BLE001 (an import of TensorFlow must never fail here)
             print(
                 f"sm-horovod: tensorflow_io not loaded, s3:// paths are unavailable: {error}",
                 file=sys.stderr,
             )
-
-
-def register_plugin_library(folder: Path) -> None:
-    """tensorflow-io's plugin library, registered with TensorFlow once the shim is loaded with
-    its symbols global: the plugin's undefined tsl:: symbols bind to the first global
-    definition, which is the shim's (TensorFlow 2.21 exports none). Once per process:
-    TensorFlow refuses a second registration ("File system for az already registered"), and
-    the interpreter in the image runs the .pth hook's install() twice (two loaders, seen on
-    both lines, where a second `import tensorflow_io` is a no-op)."""
-    import tensorflow as tf  # noqa: PLC0415 (imported already: the hook runs after it)
-
-    if "s3" in tf.io.gfile.get_registered_schemes():
-        return
-    ctypes.CDLL(str(folder / SHIM_LIBRARY), mode=ctypes.RTLD_GLOBAL)
-    tf.experimental.register_filesystem_plugin(str(folder / PLUGIN_LIBRARY))
 
 
 def exit_before_static_destructors() -> None:
