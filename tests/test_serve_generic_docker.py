@@ -2,9 +2,10 @@
 it, driven by real clients: plain HTTP, the SageMaker Python SDK (v2) in local mode deploying a
 model a user's own script trained in our image, and headless chromium on the page at /.
 
-One archive of five small models (a Keras MLP in two versions, a two-input model, a string
-model, TF Serving's half_plus_three as a TF1 model with regress and classify signatures, and an
-image classifier with classes.json) is served by one container for most tests.
+One archive of six small models (a Keras MLP in two versions, a two-input model, a string
+model, TF Serving's half_plus_three as a TF1 model with regress and classify signatures, an
+image classifier with classes.json, and a two-input Keras model saved as one .keras file) is
+served by one container for most tests.
 """
 
 from __future__ import annotations
@@ -42,7 +43,10 @@ def attributes(value: str) -> dict[str, str]:
 def archive(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
     out = tmp_path_factory.mktemp("serve-models")
     expected = make_models(
-        os.environ.get("DOCKER", "docker"), image_name(), out, "mlp,multi,text,classifier,half"
+        os.environ.get("DOCKER", "docker"),
+        image_name(),
+        out,
+        "mlp,multi,text,classifier,half,keras",
     )
     (out / "expected.json").unlink()
     return out, expected
@@ -74,7 +78,9 @@ def answer(
 
 def test_every_model_and_version_loads_with_the_named_default(server: ServeContainer) -> None:
     logs = server.logs()
-    assert "serving classifier 1, half 1, mlp 2/1, multi 1, text 1 from /opt/ml/model " in logs
+    assert (
+        "serving classifier 1, half 1, mlp 2/1, multi 1, pair 1, text 1 from /opt/ml/model " in logs
+    )
     assert "(default classifier)" in logs
     # No custom attribute: the default model, an image classifier, answers with labels.
     pixels = np.full((1, 4, 4, 3), 255, np.uint8).tolist()
@@ -98,6 +104,53 @@ def test_row_and_columnar_requests_match_the_savedmodel(
     status, body = answer(server, {"inputs": {"features": probe}}, attributes("tfs-model-name=mlp"))
     assert status == 200
     np.testing.assert_allclose(body["outputs"], expected["mlp/2"], rtol=1e-5)
+
+
+def test_a_keras_file_answers_as_its_model_predict_did(
+    server: ServeContainer, archive: tuple[Path, dict]
+) -> None:
+    """/opt/ml/model/pair.keras (tf.keras 2.14's model.save, two named inputs), converted to a
+    SavedModel at the start: 64 rows by name and as whole tensors answer what model.predict
+    answered at save time; TF Serving's status lists it. Seconds: the conversion is in the
+    module's server start (a TensorFlow import in a child, about 10 s at load 10)."""
+    pair = archive[1]["pair"]
+    rows = [
+        {"alpha": alpha, "beta": beta}
+        for alpha, beta in zip(pair["inputs"]["alpha"], pair["inputs"]["beta"], strict=True)
+    ]
+    named = attributes("tfs-model-name=pair")
+    status, body = answer(server, {"instances": rows}, named)
+    assert status == 200, body
+    np.testing.assert_allclose(body["predictions"], pair["outputs"], rtol=1e-5, atol=1e-6)
+    status, body = answer(server, {"inputs": pair["inputs"]}, named)
+    assert status == 200, body
+    np.testing.assert_allclose(body["outputs"], pair["outputs"], rtol=1e-5, atol=1e-6)
+    status, _, content = call(server, "GET", "/v1/models/pair")
+    assert status == 200
+    assert [v["version"] for v in json.loads(content)["model_version_status"]] == ["1"]
+    converted = (
+        "/opt/ml/model/pair.keras (saved with Keras 2.14.0): converted to a SavedModel with "
+        "Keras 2.14.0 (keras 2) in "
+    )
+    assert converted in server.logs()
+
+
+def test_a_keras_file_that_is_not_one_exits_2_with_one_line(
+    tmp_path: Path, docker: str, image: str
+) -> None:
+    """Garbage bytes named model.keras: refused before any TensorFlow import (seconds)."""
+    (tmp_path / "model.keras").write_bytes(os.urandom(4096))
+    container = ServeContainer(docker, image, tmp_path)
+    container.start()
+    try:
+        code, errors = container.failed_start(timeout=60)
+        assert code == 2, container.logs()
+        assert len(errors) == 1, container.logs()
+        assert errors[0].endswith(
+            "cannot serve: /opt/ml/model/model.keras: not a .keras file (not a zip archive)"
+        ), errors
+    finally:
+        container.remove()
 
 
 def test_multi_input_string_and_examples_models(server: ServeContainer) -> None:
