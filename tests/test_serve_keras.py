@@ -235,12 +235,18 @@ def test_scan_and_the_archive_s_saved_models(tmp_path: Path) -> None:
     keras_zip(root / "m2" / "3" / "m2.keras")
     (root / "2").mkdir()
     (root / "2" / "saved_model.pb").write_bytes(b"")
+    keras_zip(root / "sub" / "scores.keras")
+    # classes.json in a model's own folder: a .keras file's is the one beside it.
+    (root / "classes.json").write_text('["cat", "dog"]')
+    (root / "sub" / "classes.json").write_text('["lo", "hi"]')
     archive = scan(root)
     assert [(m.name, m.versions) for m in archive.catalog.models] == [
         ("m2", ((3, "m2/3/m2.keras"),)),
         ("model", ((2, "2"), (1, "model.keras"))),
+        ("scores", ((1, "sub/scores.keras"),)),
     ]
-    assert archive.keras_files() == ["m2/3/m2.keras", "model.keras"]
+    assert archive.labels == {"model": ("cat", "dog"), "scores": ("lo", "hi")}
+    assert archive.keras_files() == ["m2/3/m2.keras", "model.keras", "sub/scores.keras"]
     assert archive.saved_model("2") == root / "2"
     with pytest.raises(ModelError, match=r"model\.keras was not converted to a SavedModel$"):
         archive.saved_model("model.keras")
