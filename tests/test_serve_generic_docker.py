@@ -471,10 +471,13 @@ def test_multi_model_endpoint(tmp_path: Path, docker: str, image: str) -> None:
     """AWS's test_multi_model_endpoint.py and test_pre_post_processing_mme.py, lean: load two
     models, answer each (a version by custom attribute), list, unload (404 after), refuse a
     missing path (404), a model that does not load (500) and a second load (409), and survive
-    an inference.py that raises, at load and per request."""
+    an inference.py that raises, at load and per request. A folder holding a .keras file loads
+    too (converted at the load) and answers as model.predict did."""
     models = tmp_path / "models"
-    make_models(docker, image, models, "half,mlp")
+    pair = make_models(docker, image, models, "half,mlp,keras")["pair"]
     (models / "expected.json").unlink()
+    (models / "pair").mkdir()
+    (models / "pair.keras").rename(models / "pair" / "pair.keras")
     (models / "broken" / "1").mkdir(parents=True)
     (models / "broken" / "1" / "saved_model.pb").write_bytes(b"not a SavedModel")
     shutil.copytree(models / "half", models / "hooked")
@@ -552,6 +555,18 @@ def test_multi_model_endpoint(tmp_path: Path, docker: str, image: str) -> None:
         status, _, _ = post(container, b"[1.0]", JSON, path=invoke.format("half"))
         assert status == 404
         assert models_call(container, "GET", "/models/half")[0] == 404
+        load = {"model_name": "pair", "url": "/opt/ml/models/pair"}
+        assert models_call(container, "POST", "/models", load)[0] == 200
+        status, _, content = post(
+            container,
+            json.dumps({"inputs": pair["inputs"]}).encode(),
+            JSON,
+            path=invoke.format("pair"),
+        )
+        assert status == 200, content[:2000]
+        np.testing.assert_allclose(
+            json.loads(content)["outputs"], pair["outputs"], rtol=1e-5, atol=1e-6
+        )
         assert container.ping() == 200 and container.running()
     finally:
         container.remove()
