@@ -111,8 +111,8 @@ def test_a_keras_file_answers_as_its_model_predict_did(
 ) -> None:
     """/opt/ml/model/pair.keras (tf.keras 2.14's model.save, two named inputs), converted to a
     SavedModel at the start: 64 rows by name and as whole tensors answer what model.predict
-    answered at save time; TF Serving's status lists it. Seconds: the conversion is in the
-    module's server start (a TensorFlow import in a child, about 10 s at load 10)."""
+    answered at save time; TF Serving's status lists it. Under a second: the conversion is in
+    the module's server start (a TensorFlow import in a child: 3.4 s at load 5)."""
     pair = archive[1]["pair"]
     rows = [
         {"alpha": alpha, "beta": beta}
@@ -138,7 +138,8 @@ def test_a_keras_file_answers_as_its_model_predict_did(
 def test_a_keras_file_that_is_not_one_exits_2_with_one_line(
     tmp_path: Path, docker: str, image: str
 ) -> None:
-    """Garbage bytes named model.keras: refused before any TensorFlow import (seconds)."""
+    """Garbage bytes named model.keras: refused before any TensorFlow import (under a second
+    at load 5)."""
     (tmp_path / "model.keras").write_bytes(os.urandom(4096))
     container = ServeContainer(docker, image, tmp_path)
     container.start()
@@ -472,7 +473,7 @@ def test_multi_model_endpoint(tmp_path: Path, docker: str, image: str) -> None:
     models, answer each (a version by custom attribute), list, unload (404 after), refuse a
     missing path (404), a model that does not load (500) and a second load (409), and survive
     an inference.py that raises, at load and per request. A folder holding a .keras file loads
-    too (converted at the load) and answers as model.predict did."""
+    too (converted at the load) and answers as model.predict did. 10 s at load 5."""
     models = tmp_path / "models"
     pair = make_models(docker, image, models, "half,mlp,keras")["pair"]
     (models / "expected.json").unlink()

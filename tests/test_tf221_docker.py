@@ -215,9 +215,9 @@ def test_keras_files_of_keras_3_and_tf_keras_answer_as_model_predict_did(
     them: 64 rows by name and as whole tensors answer what model.predict answered at save time.
     Then two files serve refuses in one line and exit 2: garbage bytes (before any TensorFlow
     import) and a Keras 3 file whose custom layer serve cannot know (the conversion's own
-    error). 36 s and 75 s in two runs on the CPU image at load 9 to 13 (2 cores): four
-    TensorFlow imports in children (writing the files, two conversions, the custom layer's
-    refusal) and the workers' load."""
+    error). On the CPU image (2 cores): 16 s at load 3, 36 s and 75 s at load 9 to 13; most
+    of it four TensorFlow imports in children (writing the files, two conversions, the custom
+    layer's refusal) and the workers' load."""
     models = tmp_path / "models"
     expected = make_models(docker, TF221_IMAGE, models, "keras,tf_keras,keras_custom")
     (models / "expected.json").unlink()
