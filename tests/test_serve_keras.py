@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
+import os
 import subprocess
 import sys
 import zipfile
@@ -304,7 +305,8 @@ def test_serve_stops_on_a_bad_keras_file_with_one_line(
     monkeypatch.setenv("SM_SERVE_MODEL_DIR", str(tmp_path / "model"))
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     monkeypatch.delenv("SM_IMAGE_FLAVOR", raising=False)
-    monkeypatch.delenv(keras_export.KERAS_DIR_ENV, raising=False)
+    # main() sets it for its workers: recorded here so that it is removed after the test.
+    monkeypatch.setenv(keras_export.KERAS_DIR_ENV, "")
     monkeypatch.setattr(serve_main.tempfile, "tempdir", None)
     caplog.set_level(logging.INFO)
     monkeypatch.setattr(serve_main, "configure_logging", lambda: None)
@@ -314,3 +316,4 @@ def test_serve_stops_on_a_bad_keras_file_with_one_line(
         f"cannot serve: {tmp_path}/model/model.keras: not a .keras file (not a zip archive)"
     ]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]
+    assert os.environ[keras_export.KERAS_DIR_ENV].startswith(f"{tmp_path}/serve-keras-")
