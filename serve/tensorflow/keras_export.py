@@ -1,10 +1,11 @@
 """Keras `.keras` files as SavedModels, so that serve loads them the way it loads any SavedModel
 (model.py: a session per version, TF Serving's signatures and REST rules).
 
-The parent (serve's main process, before its workers start; a multi-model worker at a load)
-never imports TensorFlow: a worker forked from a parent that did would inherit TensorFlow's
-threads and state, and the parent's TensorFlow would hold the memory of a model no one serves.
-Each .keras file is converted once, in a child process of its own:
+serve's main process never imports TensorFlow (the workers do, after they start: model.py):
+TensorFlow's threads do not survive a fork, and a parent's TensorFlow would hold seconds of
+import and its memory for the server's whole life, serving nothing. Loading a .keras file needs
+Keras and TensorFlow, so each file is converted once, in a child process of its own (by main.py
+before the workers start; by a multi-model worker at a load):
 
     python -m serve.tensorflow.keras_export SRC DST
 
