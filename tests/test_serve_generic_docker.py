@@ -18,6 +18,7 @@ import subprocess
 import tarfile
 import threading
 import time
+import zipfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -135,21 +136,43 @@ def test_a_keras_file_answers_as_its_model_predict_did(
     assert converted in server.logs()
 
 
-def test_a_keras_file_that_is_not_one_exits_2_with_one_line(
-    tmp_path: Path, docker: str, image: str
+@pytest.mark.parametrize(
+    ("content", "line"),
+    [
+        # Garbage bytes: refused before any TensorFlow import.
+        (
+            None,
+            "cannot serve: /opt/ml/model/model.keras: not a .keras file (not a zip archive)",
+        ),
+        # A Keras 3 file on this line's Keras 2.14 (the file's metadata.json says which).
+        (
+            "3.15.1",
+            "cannot serve: cannot convert /opt/ml/model/model.keras to a SavedModel: saved with "
+            "Keras 3.15.1, and this image has Keras 2.14.0: serve it on the TensorFlow 2.21 "
+            "line, or save it with tf.keras 2 (a SavedModel or .keras)",
+        ),
+    ],
+    ids=["garbage", "keras-3-file"],
+)
+def test_a_keras_file_that_cannot_load_exits_2_with_one_line(
+    tmp_path: Path, docker: str, image: str, content: str | None, line: str
 ) -> None:
-    """Garbage bytes named model.keras: refused before any TensorFlow import (under a second
-    at load 5)."""
-    (tmp_path / "model.keras").write_bytes(os.urandom(4096))
+    """A model.keras serve cannot convert: one line naming it, exit 2, each under a second at
+    load 2 (neither imports TensorFlow: the Keras 3 file is refused on its metadata.json)."""
+    if content is None:
+        (tmp_path / "model.keras").write_bytes(os.urandom(4096))
+    else:
+        with zipfile.ZipFile(tmp_path / "model.keras", "w") as archive:
+            archive.writestr("config.json", json.dumps({"class_name": "Functional"}))
+            archive.writestr("metadata.json", json.dumps({"keras_version": content}))
+            archive.writestr("model.weights.h5", b"")
     container = ServeContainer(docker, image, tmp_path)
     container.start()
     try:
         code, errors = container.failed_start(timeout=60)
         assert code == 2, container.logs()
         assert len(errors) == 1, container.logs()
-        assert errors[0].endswith(
-            "cannot serve: /opt/ml/model/model.keras: not a .keras file (not a zip archive)"
-        ), errors
+        assert errors[0].endswith(line), errors
     finally:
         container.remove()
 
