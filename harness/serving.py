@@ -283,6 +283,39 @@ if "half" in wanted:
 def save(module, name, **signatures):
     tf.saved_model.save(module, f"{out}/{name}/1", signatures=signatures)
 
+def two_inputs(keras, path):
+    # Two named inputs saved as one .keras file (what model.save("/opt/ml/model/x.keras")
+    # writes), and what model.predict answers for 64 rows of them.
+    alpha = keras.Input((3,), name="alpha")
+    beta = keras.Input((2,), name="beta")
+    hidden = keras.layers.Dense(8, activation="tanh")(keras.layers.Concatenate()([alpha, beta]))
+    model = keras.Model([alpha, beta], keras.layers.Dense(2, name="scores")(hidden))
+    model.save(path)
+    rng = np.random.default_rng(1)
+    rows = {"alpha": rng.normal(size=(64, 3)).astype("float32"),
+            "beta": rng.normal(size=(64, 2)).astype("float32")}
+    predicted = model.predict([rows["alpha"], rows["beta"]], verbose=0)
+    return {"inputs": {k: v.tolist() for k, v in rows.items()}, "outputs": predicted.tolist()}
+
+if "keras" in wanted:
+    # tf.keras's .keras file: Keras 2 on the TF 2.14 line, Keras 3 on the 2.21 line.
+    expected["pair"] = two_inputs(tf.keras, f"{out}/pair.keras")
+
+if "tf_keras" in wanted:
+    # Keras 2 on TF 2.16+ (TF_USE_LEGACY_KERAS's Keras), in a version folder: "legacy" v2.
+    import os, tf_keras
+    os.makedirs(f"{out}/legacy/2")
+    expected["legacy"] = two_inputs(tf_keras, f"{out}/legacy/2/model.keras")
+
+if "keras_custom" in wanted:
+    # A layer of the user's own, registered where it was saved and nowhere in serve.
+    @tf.keras.utils.register_keras_serializable(package="user")
+    class Scale(tf.keras.layers.Layer):
+        def call(self, x):
+            return x * 2
+    features = tf.keras.Input((2,), name="x")
+    tf.keras.Model(features, Scale()(features)).save(f"{out}/custom.keras")
+
 if "fixed" in wanted:
     # A fixed batch dimension, as many exports have (Input(batch_size=1), converted models).
     class Fixed(tf.Module):
@@ -403,8 +436,8 @@ with open(f"{out}/expected.json", "w") as f:
 
 def make_models(docker: str, image: str, out: Path, names: str) -> dict:
     """Write the named SavedModels (mlp, multi, text, classifier, half, fixed, center, table,
-    signatures, ints, slow, hang, tftext) into `out` with the image's TensorFlow; returns
-    expected.json."""
+    signatures, ints, slow, hang, tftext) and .keras files (keras, tf_keras, keras_custom) into
+    `out` with the image's TensorFlow; returns expected.json."""
     out.mkdir(parents=True, exist_ok=True)
     subprocess.run(
         [docker, "run", "--rm", "-i", "--volume", f"{out}:/out", "--entrypoint", "python",

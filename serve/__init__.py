@@ -8,7 +8,7 @@ inference.py), `runner` (the Runner interface: what answers a model's requests, 
 load), `multimodel` (SageMaker's /models API: one runner per loaded model), `app` (Starlette
 routes shared by every runner), `page`, `logs`, `main` (checks, then uvicorn).
 
-`tensorflow/`: SavedModels (discovery, loading, TF Serving's REST rules, the built-in
-classifier's bodies, their runners). `torch/`: PyTorch models (the inference contract's hooks
-and bodies). Each is imported only where its framework is the image's.
+`tensorflow/`: SavedModels and .keras files (discovery, loading, TF Serving's REST rules, the
+built-in classifier's bodies, their runners). `torch/`: PyTorch models (the inference
+contract's hooks and bodies). Each is imported only where its framework is the image's.
 """

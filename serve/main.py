@@ -2,6 +2,7 @@
 
 Reads the settings and checks the model folder before anything listens: a bad setting or a
 missing model is one line and exit 2 within a second, not a server that never answers /ping.
+`.keras` files are converted to SavedModels then too (keras_export.py: seconds a file).
 Then uvicorn runs the app in SAGEMAKER_MODEL_SERVER_WORKERS worker processes (by default one per
 core on a CPU host, each model call on its share of the cores; one on a GPU host: workers.py).
 On SIGTERM uvicorn stops accepting, finishes the requests in flight (at most
@@ -25,6 +26,7 @@ from serve import hooks
 from serve.http import OneWriteHttpToolsProtocol
 from serve.logs import configure_logging
 from serve.settings import PYTORCH, Settings, SettingsError, settings_from_env
+from serve.tensorflow import keras_export
 from serve.tensorflow.model import Archive, ModelError, scan
 from serve.torch import codec as torch_codec
 from serve.workers import (
@@ -48,11 +50,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args:
         print(USAGE, file=sys.stderr)
         return EXIT_BAD_INPUT
+    keras_dir: Path | None = None
     try:
         settings = settings_from_env(os.environ)
         if settings.multi_model:
             # The universal code/requirements.txt, once, before any model's script imports.
             hooks.install_requirements(settings.models_dir, settings.code_dir, settings.framework)
+            keras_dir = _keras_exports(None)
             described = "a multi-model endpoint (no model until POST /models)"
         elif settings.framework == PYTORCH:
             torch_codec.check_model_dir(settings.model_dir, settings.code_dir / settings.program)
@@ -63,6 +67,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             archive = scan(settings.model_dir, settings.default_model)
             # code/requirements.txt before any worker imports code/inference.py.
             hooks.install_requirements(settings.model_dir)
+            keras_dir = _keras_exports(archive)
             described = _described(archive, settings)
     except (SettingsError, ModelError) as exc:
         log.error("cannot serve: %s", exc)
@@ -125,13 +130,34 @@ def main(argv: Sequence[str] | None = None) -> int:
         proxy_headers=False,
     )
     failed = ReadyMarks(ready_dir, plan.workers).failed() if ready_dir else not stop_signals
-    if ready_dir is not None:
-        shutil.rmtree(ready_dir, ignore_errors=True)
+    _remove(ready_dir, keras_dir)
     if failed:
         # Not a stop: its workers could not load the model (one of them said why).
         return EXIT_BAD_INPUT
     log.info("stopped%s", f" on signal {stop_signals[0]}" if stop_signals else "")
     return 0
+
+
+def _keras_exports(archive: Archive | None) -> Path:
+    """The folder of serve's own (/opt/ml/model may be read-only) where .keras files become
+    SavedModels, named to the workers through the environment; `archive`'s files converted
+    into it now, each in a child process, so that only the workers import TensorFlow
+    (keras_export.py says why). ModelError (the folder removed) where one cannot convert."""
+    keras_dir = Path(tempfile.mkdtemp(prefix="serve-keras-"))
+    os.environ[keras_export.KERAS_DIR_ENV] = str(keras_dir)
+    if archive is not None:
+        try:
+            keras_export.export_archive(archive, keras_dir)
+        except ModelError:
+            _remove(keras_dir)
+            raise
+    return keras_dir
+
+
+def _remove(*folders: Path | None) -> None:
+    for folder in folders:
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 class _NoRepeatedStartupFailure(logging.Filter):

@@ -34,6 +34,7 @@ import anyio.to_thread
 from serve import heap
 from serve.errors import ServeError, one_line
 from serve.runner import ModelInfo, Runner
+from serve.tensorflow.discovery import KERAS_SUFFIX, SAVED_MODEL
 
 log = logging.getLogger("serve")
 
@@ -169,7 +170,8 @@ class ModelManager:
         must hear."""
         folder = Path(url)
         if not folder.is_dir() or not any(
-            Path(root).name.isdigit() and "saved_model.pb" in names
+            (Path(root).name.isdigit() and SAVED_MODEL in names)
+            or any(n.endswith(KERAS_SUFFIX) and not n.startswith(".") for n in names)
             for root, _dirs, names in os.walk(folder, followlinks=True)
         ):
             raise ServeError(404, f"Could not find valid base path {url} for servable {name}")

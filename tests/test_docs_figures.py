@@ -117,6 +117,11 @@ CONSTANTS = (
         "the two wheels installed with pip --target, du -sh (the Dockerfile's comment)",
     ),
     Constant("docs/serve.md", "(about 3 minutes)", "pytest --durations on the test file"),
+    Constant(
+        "docs/serve.md",
+        "at most 600 s a file",
+        "serve/tensorflow/keras_export.py's EXPORT_TIMEOUT_S",
+    ),
     Constant("docs/design.md", "up to 1 s after", "entrypoint/supervise.py's LOSS_SETTLE_S"),
     Constant("docs/design.md", "1 s and 20 s", "heartbeat_interval_s and lost_after_s"),
     Constant("docs/design.md", "20 s", "the channel's silence bound (lost_after_s)"),

@@ -2,9 +2,10 @@
 it, driven by real clients: plain HTTP, the SageMaker Python SDK (v2) in local mode deploying a
 model a user's own script trained in our image, and headless chromium on the page at /.
 
-One archive of five small models (a Keras MLP in two versions, a two-input model, a string
-model, TF Serving's half_plus_three as a TF1 model with regress and classify signatures, and an
-image classifier with classes.json) is served by one container for most tests.
+One archive of six small models (a Keras MLP in two versions, a two-input model, a string
+model, TF Serving's half_plus_three as a TF1 model with regress and classify signatures, an
+image classifier with classes.json, and a two-input Keras model saved as one .keras file) is
+served by one container for most tests.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import subprocess
 import tarfile
 import threading
 import time
+import zipfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -42,7 +44,10 @@ def attributes(value: str) -> dict[str, str]:
 def archive(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
     out = tmp_path_factory.mktemp("serve-models")
     expected = make_models(
-        os.environ.get("DOCKER", "docker"), image_name(), out, "mlp,multi,text,classifier,half"
+        os.environ.get("DOCKER", "docker"),
+        image_name(),
+        out,
+        "mlp,multi,text,classifier,half,keras",
     )
     (out / "expected.json").unlink()
     return out, expected
@@ -74,7 +79,9 @@ def answer(
 
 def test_every_model_and_version_loads_with_the_named_default(server: ServeContainer) -> None:
     logs = server.logs()
-    assert "serving classifier 1, half 1, mlp 2/1, multi 1, text 1 from /opt/ml/model " in logs
+    assert (
+        "serving classifier 1, half 1, mlp 2/1, multi 1, pair 1, text 1 from /opt/ml/model " in logs
+    )
     assert "(default classifier)" in logs
     # No custom attribute: the default model, an image classifier, answers with labels.
     pixels = np.full((1, 4, 4, 3), 255, np.uint8).tolist()
@@ -98,6 +105,76 @@ def test_row_and_columnar_requests_match_the_savedmodel(
     status, body = answer(server, {"inputs": {"features": probe}}, attributes("tfs-model-name=mlp"))
     assert status == 200
     np.testing.assert_allclose(body["outputs"], expected["mlp/2"], rtol=1e-5)
+
+
+def test_a_keras_file_answers_as_its_model_predict_did(
+    server: ServeContainer, archive: tuple[Path, dict]
+) -> None:
+    """/opt/ml/model/pair.keras (tf.keras 2.14's model.save, two named inputs), converted to a
+    SavedModel at the start: 64 rows by name and as whole tensors answer what model.predict
+    answered at save time; TF Serving's status lists it. Under a second: the conversion is in
+    the module's server start (a TensorFlow import in a child: 3.4 s at load 5)."""
+    pair = archive[1]["pair"]
+    rows = [
+        {"alpha": alpha, "beta": beta}
+        for alpha, beta in zip(pair["inputs"]["alpha"], pair["inputs"]["beta"], strict=True)
+    ]
+    named = attributes("tfs-model-name=pair")
+    status, body = answer(server, {"instances": rows}, named)
+    assert status == 200, body
+    np.testing.assert_allclose(body["predictions"], pair["outputs"], rtol=1e-5, atol=1e-6)
+    status, body = answer(server, {"inputs": pair["inputs"]}, named)
+    assert status == 200, body
+    np.testing.assert_allclose(body["outputs"], pair["outputs"], rtol=1e-5, atol=1e-6)
+    status, _, content = call(server, "GET", "/v1/models/pair")
+    assert status == 200
+    assert [v["version"] for v in json.loads(content)["model_version_status"]] == ["1"]
+    converted = (
+        "/opt/ml/model/pair.keras (saved with Keras 2.14.0): converted to a SavedModel with "
+        "Keras 2.14.0 (keras 2) in "
+    )
+    assert converted in server.logs()
+
+
+@pytest.mark.parametrize(
+    ("content", "line"),
+    [
+        # Garbage bytes: refused before any TensorFlow import.
+        (
+            None,
+            "cannot serve: /opt/ml/model/model.keras: not a .keras file (not a zip archive)",
+        ),
+        # A Keras 3 file on this line's Keras 2.14 (the file's metadata.json says which).
+        (
+            "3.15.1",
+            "cannot serve: cannot convert /opt/ml/model/model.keras to a SavedModel: saved with "
+            "Keras 3.15.1, and this image has Keras 2.14.0: serve it on the TensorFlow 2.21 "
+            "line, or save it with tf.keras 2 (a SavedModel or .keras)",
+        ),
+    ],
+    ids=["garbage", "keras-3-file"],
+)
+def test_a_keras_file_that_cannot_load_exits_2_with_one_line(
+    tmp_path: Path, docker: str, image: str, content: str | None, line: str
+) -> None:
+    """A model.keras serve cannot convert: one line naming it, exit 2, each under a second at
+    load 2 (neither imports TensorFlow: the Keras 3 file is refused on its metadata.json)."""
+    if content is None:
+        (tmp_path / "model.keras").write_bytes(os.urandom(4096))
+    else:
+        with zipfile.ZipFile(tmp_path / "model.keras", "w") as archive:
+            archive.writestr("config.json", json.dumps({"class_name": "Functional"}))
+            archive.writestr("metadata.json", json.dumps({"keras_version": content}))
+            archive.writestr("model.weights.h5", b"")
+    container = ServeContainer(docker, image, tmp_path)
+    container.start()
+    try:
+        code, errors = container.failed_start(timeout=60)
+        assert code == 2, container.logs()
+        assert len(errors) == 1, container.logs()
+        assert errors[0].endswith(line), errors
+    finally:
+        container.remove()
 
 
 def test_multi_input_string_and_examples_models(server: ServeContainer) -> None:
@@ -418,10 +495,13 @@ def test_multi_model_endpoint(tmp_path: Path, docker: str, image: str) -> None:
     """AWS's test_multi_model_endpoint.py and test_pre_post_processing_mme.py, lean: load two
     models, answer each (a version by custom attribute), list, unload (404 after), refuse a
     missing path (404), a model that does not load (500) and a second load (409), and survive
-    an inference.py that raises, at load and per request."""
+    an inference.py that raises, at load and per request. A folder holding a .keras file loads
+    too (converted at the load) and answers as model.predict did. 10 s at load 5."""
     models = tmp_path / "models"
-    make_models(docker, image, models, "half,mlp")
+    pair = make_models(docker, image, models, "half,mlp,keras")["pair"]
     (models / "expected.json").unlink()
+    (models / "pair").mkdir()
+    (models / "pair.keras").rename(models / "pair" / "pair.keras")
     (models / "broken" / "1").mkdir(parents=True)
     (models / "broken" / "1" / "saved_model.pb").write_bytes(b"not a SavedModel")
     shutil.copytree(models / "half", models / "hooked")
@@ -499,6 +579,18 @@ def test_multi_model_endpoint(tmp_path: Path, docker: str, image: str) -> None:
         status, _, _ = post(container, b"[1.0]", JSON, path=invoke.format("half"))
         assert status == 404
         assert models_call(container, "GET", "/models/half")[0] == 404
+        load = {"model_name": "pair", "url": "/opt/ml/models/pair"}
+        assert models_call(container, "POST", "/models", load)[0] == 200
+        status, _, content = post(
+            container,
+            json.dumps({"inputs": pair["inputs"]}).encode(),
+            JSON,
+            path=invoke.format("pair"),
+        )
+        assert status == 200, content[:2000]
+        np.testing.assert_allclose(
+            json.loads(content)["outputs"], pair["outputs"], rtol=1e-5, atol=1e-6
+        )
         assert container.ping() == 200 and container.running()
     finally:
         container.remove()

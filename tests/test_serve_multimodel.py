@@ -165,6 +165,13 @@ def test_refusals_with_awss_status_codes(tmp_path: Path) -> None:
         # A failed load leaves no trace: the name can be loaded again, the others still answer.
         assert [m["modelName"] for m in client.get("/models").json()["models"]] == ["good"]
         assert invoke(client, "good")[0] == 200
+        # A .keras file is a model too (keras_export converts it at the load); a hidden one
+        # (macOS's ._ copy) is not.
+        (tmp_path / "hidden" / "1").mkdir(parents=True)
+        (tmp_path / "hidden" / "1" / "._model.keras").write_bytes(b"")
+        assert load(client, "hidden", str(tmp_path / "hidden"))[0] == 404
+        (tmp_path / "hidden" / "1" / "model.keras").write_bytes(b"")
+        assert load(client, "hidden", str(tmp_path / "hidden"))[0] == 200
 
 
 def test_full_memory_is_507(tmp_path: Path) -> None:

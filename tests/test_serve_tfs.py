@@ -376,6 +376,36 @@ def test_model_paths() -> None:
             "m2",
         ),
         (["saved_model.pb"], None, [("model", "", ((0, ""),))], "model"),
+        # .keras files: in a version folder as a SavedModel; anywhere else version 1 of the
+        # file's stem, whose folder is the file's own.
+        (["model.keras"], None, [("model", "", ((1, "model.keras"),))], "model"),
+        (["1/model.keras"], None, [("model", "", ((1, "1/model.keras"),))], "model"),
+        (
+            ["m3/0002/anything.keras", "deep/sub/scores.keras", "other.h5", "m3/2/x.keras.bak"],
+            None,
+            [
+                ("m3", "m3", ((2, "m3/0002/anything.keras"),)),
+                ("scores", "deep/sub", ((1, "deep/sub/scores.keras"),)),
+            ],
+            "m3",
+        ),
+        (
+            ["2/saved_model.pb", "1/model.keras", "a.keras", "b.keras"],
+            "b",
+            [
+                ("a", "", ((1, "a.keras"),)),
+                ("b", "", ((1, "b.keras"),)),
+                ("model", "", ((2, "2"), (1, "1/model.keras"))),
+            ],
+            "b",
+        ),
+        # Hidden: macOS's ._ copies in a tarball, a notebook's checkpoints.
+        (
+            ["m.keras", "._m.keras", ".ipynb_checkpoints/m.keras", "s/.h/3/x.keras"],
+            None,
+            [("m", "", ((1, "m.keras"),))],
+            "m",
+        ),
     ],
 )
 def test_discovery(files: list[str], default: str | None, models: list, chosen: str) -> None:
@@ -387,7 +417,13 @@ def test_discovery(files: list[str], default: str | None, models: list, chosen: 
 @pytest.mark.parametrize(
     ("files", "default", "message"),
     [
-        ([], None, "no SavedModel found (expected <model dir>/<version>/saved_model.pb"),
+        (
+            [],
+            None,
+            "no SavedModel found (expected <model dir>/<version>/saved_model.pb, e.g. "
+            "1/saved_model.pb, what training writes to /opt/ml/model/1, or a .keras file, "
+            "e.g. model.keras)",
+        ),
         (["model/variables/saved_model.pb"], None, "no SavedModel found"),
         (
             ["m1/1/saved_model.pb"],
@@ -399,7 +435,29 @@ def test_discovery(files: list[str], default: str | None, models: list, chosen: 
             None,
             "two models are named 'm': a/m/ and b/m/",
         ),
-        (["m/1/saved_model.pb", "m/01/saved_model.pb"], None, "model 'm' has version 1 twice"),
+        (
+            ["m/1/saved_model.pb", "m/01/saved_model.pb"],
+            None,
+            "model 'm' has version 1 twice: m/01/saved_model.pb and m/1/saved_model.pb",
+        ),
+        (["saved_model.pb", "a/.keras", "b/.hidden.keras"], "x", "SAGEMAKER_TFS_DEFAULT"),
+        (
+            ["1/a.keras", "1/b.keras"],
+            None,
+            "model 'model' has version 1 twice: 1/a.keras and 1/b.keras",
+        ),
+        (
+            ["1/saved_model.pb", "1/model.keras"],
+            None,
+            "model 'model' has version 1 twice: 1/model.keras and 1/saved_model.pb",
+        ),
+        (
+            ["model.keras", "1/saved_model.pb"],
+            None,
+            "model 'model' has version 1 twice: 1/saved_model.pb and model.keras",
+        ),
+        (["m.keras", "sub/m.keras"], None, "two models are named 'm': ./ and sub/"),
+        (["notes/readme.txt", ".keras"], None, "no SavedModel found (expected"),
     ],
 )
 def test_discovery_refuses(files: list[str], default: str | None, message: str) -> None:

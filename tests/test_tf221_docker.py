@@ -12,6 +12,9 @@ The image is SM_IMAGE_TF221 (`make build FLAVOR=tf2.21-cpu`; default sm-horovod:
 - The built-in model (model/) trains to the 2.14 line's accuracy and `serve` answers for the
   SavedModel it exported (2 hosts x 1 rank); under MultiWorkerMirroredStrategy it trains too;
   stopped by SIGTERM it checkpoints, and a new job resumes from the checkpoint.
+- `serve` answers for .keras files, Keras 3's and tf_keras's, as model.predict answered at save
+  time; a file that is not one, or one whose custom layer is not registered, stops the start
+  with one line naming it.
 - s3:// (tensorflow-io with our shim): a script importing keras first; AWS's custom-loop MNIST
   script, which imports tensorflow_io itself, under the parameter-server layout.
 - AWS's data-parallel TensorFlow tutorial script (tests/programs/smddp/train.py) runs unchanged
@@ -22,7 +25,7 @@ Measured on the image (2 cores, load 5 to 18): 26 s and 43 s for the two model.f
 96 s Keras MNIST, 99 s low-level MNIST, 141 s the synthetic benchmark (tracing MobileNetV2's
 first step is most of it); 51 s the built-in model and `serve`, 28 s the built-in model under
 MultiWorkerMirroredStrategy (load 7 to 17); 37 s the stop and resume, 30 s the custom-loop
-script on S3 (load 8 to 10)."""
+script on S3 (load 8 to 10); 16 s to 75 s the .keras files (load 3 to 13)."""
 
 from __future__ import annotations
 
@@ -36,7 +39,7 @@ import pytest
 from PIL import Image
 
 from harness.digits import DIGITS_HYPERPARAMETERS
-from harness.serving import ServeContainer, post
+from harness.serving import ServeContainer, call, make_models, post
 from model.checkpoints import latest_checkpoint
 from tests.conftest import tf221_image_name
 from tests.test_aws_tf_scripts import (
@@ -202,6 +205,85 @@ def test_builtin_model_stopped_by_sigterm_checkpoints_and_a_new_job_resumes(
     log = resumed.logs("algo-1")
     assert f"resuming from checkpoint epoch={epoch} (" in log, resumed.describe()
     assert re.findall(r"epoch=(\d+) loss=", log) == [str(epoch + 1)], resumed.describe()
+
+
+def test_keras_files_of_keras_3_and_tf_keras_answer_as_model_predict_did(
+    tmp_path: Path, docker: str
+) -> None:
+    """/opt/ml/model/pair.keras (Keras 3's model.save) and legacy/2/model.keras (tf_keras's),
+    each with two named inputs, converted to SavedModels at the start by the Keras that saved
+    them: 64 rows by name and as whole tensors answer what model.predict answered at save time.
+    Then two files serve refuses in one line and exit 2: garbage bytes (before any TensorFlow
+    import) and a Keras 3 file whose custom layer serve cannot know (the conversion's own
+    error). On the CPU image (2 cores): 16 s at load 3, 36 s and 75 s at load 9 to 13; most
+    of it four TensorFlow imports in children (writing the files, two conversions, the custom
+    layer's refusal) and the workers' load."""
+    models = tmp_path / "models"
+    expected = make_models(docker, TF221_IMAGE, models, "keras,tf_keras,keras_custom")
+    (models / "expected.json").unlink()
+    (tmp_path / "custom").mkdir()
+    (models / "custom.keras").rename(tmp_path / "custom" / "custom.keras")
+    server = ServeContainer(docker, TF221_IMAGE, models).start()
+    try:
+        server.wait_ready(timeout=300)
+        for name, version in (("pair", "1"), ("legacy", "2")):
+            saved = expected[name]
+            rows = [
+                {"alpha": alpha, "beta": beta}
+                for alpha, beta in zip(
+                    saved["inputs"]["alpha"], saved["inputs"]["beta"], strict=True
+                )
+            ]
+            named = {"X-Amzn-SageMaker-Custom-Attributes": f"tfs-model-name={name}"}
+            status, _, content = post(
+                server, json.dumps({"instances": rows}).encode(), "application/json", named
+            )
+            assert status == 200, content[:2000]
+            np.testing.assert_allclose(
+                json.loads(content)["predictions"], saved["outputs"], rtol=1e-5, atol=1e-6
+            )
+            status, _, content = post(
+                server, json.dumps({"inputs": saved["inputs"]}).encode(), "application/json", named
+            )
+            assert status == 200, content[:2000]
+            np.testing.assert_allclose(
+                json.loads(content)["outputs"], saved["outputs"], rtol=1e-5, atol=1e-6
+            )
+            status, _, content = call(server, "GET", f"/v1/models/{name}")
+            assert status == 200, content
+            assert [v["version"] for v in json.loads(content)["model_version_status"]] == [version]
+        logs = server.logs()
+    finally:
+        server.remove()
+    assert re.search(
+        r"/opt/ml/model/pair\.keras \(saved with Keras 3\.[0-9.]+\): converted to a SavedModel "
+        r"with Keras 3\.[0-9.]+ in ",
+        logs,
+    ), logs[-4000:]
+    assert re.search(
+        r"/opt/ml/model/legacy/2/model\.keras \(saved with Keras 2\.[0-9.]+\): converted to a "
+        r"SavedModel with Keras 2\.[0-9.]+ \(tf_keras\) in ",
+        logs,
+    ), logs[-4000:]
+    (tmp_path / "garbage" / "1").mkdir(parents=True)
+    (tmp_path / "garbage" / "1" / "model.keras").write_bytes(b"\x00garbage" * 1000)
+    refusals = {
+        "garbage": "cannot serve: /opt/ml/model/1/model.keras: not a .keras file (not a zip "
+        "archive)",
+        "custom": "cannot serve: cannot convert /opt/ml/model/custom.keras to a SavedModel: "
+        "TypeError: Could not locate class 'Scale'. Make sure custom classes and functions are "
+        "decorated with `@keras.saving.register_keras_serializable()`.",
+    }
+    for folder, line in refusals.items():
+        refused = ServeContainer(docker, TF221_IMAGE, tmp_path / folder).start()
+        try:
+            code, errors = refused.failed_start(timeout=120)
+            assert code == 2, refused.logs()[-4000:]
+            assert len(errors) == 1, refused.logs()[-4000:]
+            assert line in errors[0], errors[0]
+            assert "Full object config" not in errors[0], errors[0]
+        finally:
+            refused.remove()
 
 
 def test_builtin_model_under_multi_worker_mirrored_strategy(make_cluster, digits_dir):

@@ -3,6 +3,8 @@ once per worker, after the fork (`load_registry`), warmed up before /ping says y
 
     <model dir>/1/saved_model.pb         a SavedModel (discovery.py: versions, names, default)
     <model dir>/m2/3/saved_model.pb      another model, "m2"
+    <model dir>/scores.keras             a Keras file: model "scores", loaded from the SavedModel
+                                         keras_export.py converted it to (Archive.exports)
     <model dir>/classes.json             ["cat", "dog", ...]: this model is an image classifier
                                          (the built-in model's contract: uint8 images in,
                                          class probabilities out, answered with labels)
@@ -33,12 +35,14 @@ from serve.batching import INLINE_CALL_MAX_S, run_merged, split_rows
 from serve.errors import ServeError, one_line
 from serve.tensorflow import tfs
 from serve.tensorflow.discovery import (
+    KERAS_SUFFIX,
     LABELS_FILE,
     SAVED_MODEL,
     Catalog,
     ModelEntry,
     ModelError,
     discover,
+    is_keras,
 )
 
 __all__ = ["ModelError", "Registry", "load_registry", "scan"]
@@ -71,6 +75,22 @@ class Archive:
     root: Path
     catalog: Catalog
     labels: Mapping[str, tuple[str, ...]]
+    # A .keras version's path (relative to root) -> the SavedModel it was converted to
+    # (keras_export.export_archive fills it before anything loads).
+    exports: Mapping[str, Path] = dataclasses.field(default_factory=dict)
+
+    def keras_files(self) -> list[str]:
+        """The .keras versions' paths, relative to root, in catalog order."""
+        return [path for m in self.catalog.models for _, path in m.versions if is_keras(path)]
+
+    def saved_model(self, version_path: str) -> Path:
+        """The SavedModel folder a version loads from: its own, or its .keras file's export."""
+        if not is_keras(version_path):
+            return self.root / version_path
+        exported = self.exports.get(version_path)
+        if exported is None:
+            raise ModelError(f"{self.root / version_path} was not converted to a SavedModel")
+        return exported
 
 
 def scan(model_dir: Path, default_model: str | None = None) -> Archive:
@@ -78,9 +98,10 @@ def scan(model_dir: Path, default_model: str | None = None) -> Archive:
     if not model_dir.is_dir():
         raise ModelError(f"model folder {model_dir} does not exist")
     files = [
-        str(Path(folder).relative_to(model_dir) / SAVED_MODEL)
+        str(Path(folder).relative_to(model_dir) / name)
         for folder, _dirs, names in os.walk(model_dir, followlinks=True)
-        if SAVED_MODEL in names
+        for name in names
+        if name == SAVED_MODEL or name.endswith(KERAS_SUFFIX)
     ]
     try:
         catalog = discover(sorted(files), model_dir.name or "model", default_model)
@@ -496,14 +517,14 @@ def _quiet_loader() -> Any:
 
 
 def _load_version(
-    root: Path, entry: ModelEntry, number: int, folder: str, timeout_ms: int
+    path: Path, where: Path, entry: ModelEntry, number: int, timeout_ms: int
 ) -> Version:
     """One version in a session of its own, as TF Serving loads it: the graph, its variables
     restored and its init op run (lookup tables), each signature a callable with the request
-    timeout as its session deadline, every signature warmed up."""
+    timeout as its session deadline, every signature warmed up. `path`: the SavedModel;
+    `where`: what the messages name (the .keras file a converted one came from)."""
     import tensorflow as tf  # noqa: PLC0415  (seconds to import: only in the worker, after fork)
 
-    path = root / folder
     threads = session_threads(os.environ)
     config = tf.compat.v1.ConfigProto(
         intra_op_parallelism_threads=threads.intra_op,
@@ -514,7 +535,7 @@ def _load_version(
     graph = tf.Graph()
     session = tf.compat.v1.Session(graph=graph, config=config)
     try:
-        tags = choose_tags(_tag_sets(path), path)
+        tags = choose_tags(_tag_sets(path), where)
         with graph.as_default(), _quiet_loader():
             meta_graph = tf.compat.v1.saved_model.loader.load(session, tags, str(path))
         signatures = {
@@ -523,15 +544,15 @@ def _load_version(
             if name != INIT_OP_SIGNATURE
         }
         if not signatures:
-            raise ModelError(f"{path} has no signatures to serve")
+            raise ModelError(f"{where} has no signatures to serve")
         for name, signature in signatures.items():
-            _warm_up(path, name, signature)
+            _warm_up(where, name, signature)
     except ModelError:
         session.close()
         raise
     except Exception as exc:  # noqa: BLE001  (TensorFlow raises many types)
         session.close()
-        raise ModelError(f"cannot load {path}: {one_line(exc)}") from None
+        raise ModelError(f"cannot load {where}: {one_line(exc)}") from None
     log.info(
         "%s version %d: %d signature(s) warmed up (TensorFlow %s, %s session API)",
         entry.name, number, len(signatures), tf.__version__, callable_api(session),
@@ -580,13 +601,13 @@ def import_op_packages() -> list[str]:
 
 
 def _load_with_ops(
-    root: Path, entry: ModelEntry, number: int, folder: str, timeout_ms: int
+    path: Path, where: Path, entry: ModelEntry, number: int, timeout_ms: int
 ) -> Version:
     """_load_version; where the graph names an op not registered, once more after importing
     the op packages (a model that needs none pays nothing: TF Text alone holds about 150,000
     objects and seconds of import)."""
     try:
-        return _load_version(root, entry, number, folder, timeout_ms)
+        return _load_version(path, where, entry, number, timeout_ms)
     except ModelError as exc:
         if OP_NOT_REGISTERED not in str(exc):
             raise
@@ -594,7 +615,7 @@ def _load_with_ops(
         if not imported:
             raise
         log.info("ops registered from %s", ", ".join(imported))
-        return _load_version(root, entry, number, folder, timeout_ms)
+        return _load_version(path, where, entry, number, timeout_ms)
 
 
 def load_registry(archive: Archive, timeout_s: float = 60.0) -> Registry:
@@ -604,8 +625,10 @@ def load_registry(archive: Archive, timeout_s: float = 60.0) -> Registry:
     models: dict[str, Model] = {}
     for entry in archive.catalog.models:
         versions = {
-            number: _load_with_ops(archive.root, entry, number, folder, timeout_ms)
-            for number, folder in entry.versions
+            number: _load_with_ops(
+                archive.saved_model(path), archive.root / path, entry, number, timeout_ms
+            )
+            for number, path in entry.versions
         }
         classes = archive.labels.get(entry.name)
         if classes is not None:

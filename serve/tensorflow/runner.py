@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import logging
+import os
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ from serve.batching import Piece, cut_rows, join_rows, rows_per_call
 from serve.errors import JSON, ServeError, error_body, media_type, requested_accept
 from serve.runner import CUSTOM_ATTRIBUTES, Incoming, ModelInfo, Outgoing, Runner, off_loop
 from serve.settings import Settings
-from serve.tensorflow import codec, tfs
+from serve.tensorflow import codec, keras_export, tfs
 from serve.tensorflow.model import Model, Registry, Version, load_registry, scan, serialize_examples
 
 log = logging.getLogger("serve")
@@ -48,7 +49,8 @@ def load_archive(
     code: Path | None = None,
     timeout_s: float = 60.0,
 ) -> Loaded:
-    """Every model and version under `model_dir`, and its code/inference.py's hooks. `name`:
+    """Every model and version under `model_dir` (its .keras files as SavedModels), and its
+    code/inference.py's hooks. `name`:
     a multi-model endpoint's name for the one model the folder holds; `code`: its code folder
     when that is not the model's own code/; `timeout_s`: each model call's session deadline.
     inference.py is imported first: what it imports (TF Text, a custom op library) registers
@@ -63,6 +65,9 @@ def load_archive(
         labels = {name: archive.labels[found_name]} if found_name in archive.labels else {}
         catalog = dataclasses.replace(archive.catalog, models=(entry,), default=name)
         archive = dataclasses.replace(archive, catalog=catalog, labels=labels)
+    # .keras files: main.py converted them before the workers started (found here, nothing to
+    # do); a multi-model load converts its own now.
+    archive = keras_export.export_archive(archive, keras_export.keras_dir_from_env(os.environ))
     user = hooks.load_hooks(model_dir, code)
     return Loaded(load_registry(archive, timeout_s), user)
 
