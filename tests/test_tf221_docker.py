@@ -46,7 +46,7 @@ from tests.test_aws_tf_scripts import (
     run_keras_first_s3,
     s3_cluster,  # noqa: F401 (a fixture: this module's image)
 )
-from tests.test_tf_distribute import AWS_PS_DIR, MWMS, PS, make_mnist_npy
+from tests.test_tf_distribute import MWMS, aws_custom_loop_job, make_mnist_npy
 
 TF221_IMAGE = tf221_image_name()
 PROGRAMS = Path(__file__).parent / "programs" / "tf221"
@@ -322,17 +322,7 @@ def test_aws_custom_loop_mnist_script_imports_tensorflow_io_and_saves_to_s3(
     unchanged: it runs `import tensorflow_io as tfio` itself, trains a custom loop on every host
     under the toolkit's parameter-server layout, and the first host saves its checkpoints to an
     s3:// model_dir (a moto server). No rank logs "not loaded"; every host exits 0."""
-    cluster, s3 = s3_cluster(
-        2,
-        hyperparameters={
-            **PS,
-            "sagemaker_program": "mnist_custom.py",
-            "model_dir": "s3://models/custom",
-            "epochs": "1",
-        },
-        code_dir=AWS_PS_DIR,
-        channels={"training": mnist_npy},
-    )
+    cluster, s3 = s3_cluster(2, **aws_custom_loop_job(mnist_npy, "s3://models/custom", epochs=1))
     cluster.start()
     assert cluster.wait(timeout=JOB_TIMEOUT_S) == {"algo-1": 0, "algo-2": 0}, cluster.describe()
     logs = {host: cluster.logs(host) for host in cluster.hosts}

@@ -47,6 +47,22 @@ def make_mnist_npy(folder: Path) -> Path:
     return folder
 
 
+def aws_custom_loop_job(mnist_npy: Path, model_dir: str, epochs: int, **extra: str) -> dict:
+    """make_cluster's arguments for AWS's custom-loop MNIST script (mnist_custom.py) under the
+    toolkit's parameter-server layout on the MNIST-shaped files."""
+    return {
+        "hyperparameters": {
+            **PS,
+            "sagemaker_program": "mnist_custom.py",
+            "model_dir": model_dir,
+            "epochs": str(epochs),
+            **extra,
+        },
+        "code_dir": AWS_PS_DIR,
+        "channels": {"training": mnist_npy},
+    }
+
+
 @pytest.fixture(scope="module")
 def mnist_npy(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_mnist_npy(tmp_path_factory.mktemp("mnist") / "training")
@@ -150,17 +166,7 @@ def test_a_ps_task_failing_fails_every_host_naming_it(make_cluster):
 def test_aws_custom_loop_script_runs_once_per_host_with_the_toolkits_tf_config(
     make_cluster, mnist_npy
 ):
-    cluster = make_cluster(
-        2,
-        hyperparameters={
-            **PS,
-            "sagemaker_program": "mnist_custom.py",
-            "model_dir": "/opt/ml/model/ckpt",
-            "epochs": "2",
-        },
-        code_dir=AWS_PS_DIR,
-        channels={"training": mnist_npy},
-    )
+    cluster = make_cluster(2, **aws_custom_loop_job(mnist_npy, "/opt/ml/model/ckpt", epochs=2))
     cluster.start()
     codes = wait(cluster, 240)
     assert codes == {"algo-1": 0, "algo-2": 0}, cluster.describe()
@@ -195,19 +201,9 @@ def test_aws_custom_loop_script_runs_once_per_host_with_the_toolkits_tf_config(
 
 
 def test_a_ps_server_killed_fails_every_host(make_cluster, docker, mnist_npy):
-    cluster = make_cluster(
-        2,
-        hyperparameters={
-            **PS,
-            "sagemaker_program": "mnist_custom.py",
-            "model_dir": "/opt/ml/model/ckpt",
-            "epochs": "1000",
-            # A killed process is restarted by default (docs/recovery.md): fail fast here.
-            "max_restarts": "0",
-        },
-        code_dir=AWS_PS_DIR,
-        channels={"training": mnist_npy},
-    )
+    # A killed process is restarted by default (docs/recovery.md): fail fast here.
+    job = aws_custom_loop_job(mnist_npy, "/opt/ml/model/ckpt", epochs=1000, max_restarts="0")
+    cluster = make_cluster(2, **job)
     cluster.start()
     for host in cluster.hosts:
         cluster.wait_for_log(host, "Epoch 1 ", timeout=180)
