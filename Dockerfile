@@ -122,7 +122,7 @@ RUN --mount=type=cache,target=/root/.cache/pip \
     pip install --no-deps -c /opt/requirements/constraints.txt tf-keras; \
     { grep -rlZ --include='*.pem' --include='*.key' -e 'PRIVATE KEY-----' /opt/venv/lib || true; } \
         | xargs -0r rm -v
-# tf_s3 loads this before tensorflow_io registers its file system plugins (stage tf-io-plugins).
+# tf_s3 loads this before it registers tensorflow-io's file system plugins (stage tf-io-plugins).
 ENV SM_HVD_TF_IO_SHIM=/opt/sm-horovod/tf-io/libsm_tsl_shim.so
 
 FROM tf2.21-pydeps-install AS pydeps-tf2.21-cpu
@@ -240,12 +240,14 @@ RUN --mount=type=secret,id=ca,target=/etc/ssl/certs/ca-certificates.crt \
 # need TF 2.16's internals) and leave the wheel here, most of its size; a tfio op then fails in
 # one line naming the missing library. The plugin library needs 18 TensorFlow-internal symbols
 # that 2.21 no longer exports: the shim library built here has them
-# (docker/tf-io-shim/tsl_shim.cc says which and why). The final stage installs both.
+# (docker/tf-io-shim/tsl_shim.cc says which and why). docker/tf-io-patches/: a script's own
+# `import tensorflow_io` after tf_s3 registered the plugins. The final stage installs both.
 FROM build-common AS tf-io-plugins
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ARG TENSORFLOW_IO_VERSION=0.37.1
 ARG TENSORFLOW_IO_SHA256=b072ae78143df8f786d3cbb9060b76f17f966824dd1e7906d3252c79525d2358
 RUN --mount=type=bind,source=docker/tf-io-shim,target=/tmp/tf-io-shim \
+    --mount=type=bind,source=docker/tf-io-patches,target=/tmp/tf-io-patches \
     --mount=type=secret,id=ca,target=/etc/ssl/certs/ca-certificates.crt \
     set -eux; \
     export PIP_CERT=/etc/ssl/certs/ca-certificates.crt; \
@@ -255,6 +257,9 @@ RUN --mount=type=bind,source=docker/tf-io-shim,target=/tmp/tf-io-shim \
     echo "${TENSORFLOW_IO_SHA256} *${wheel}" | sha256sum -c -; \
     python -m wheel unpack --dest /tmp/unpacked "$wheel"; \
     find /tmp/unpacked -name '*.so' ! -name libtensorflow_io_plugins.so -print -delete; \
+    for patch in /tmp/tf-io-patches/*.patch; do \
+        patch --directory /tmp/unpacked/tensorflow_io-* --strip 1 --forward --batch < "$patch"; \
+    done; \
     mkdir -p /tf-io/wheel; \
     python -m wheel pack --dest-dir /tf-io/wheel /tmp/unpacked/tensorflow_io-*; \
     g++ -std=c++17 -O2 -fPIC -shared -fvisibility=hidden -Wall -Wextra -Werror \

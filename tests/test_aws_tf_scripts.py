@@ -192,13 +192,14 @@ def test_import_keras_before_tensorflow_then_s3_ends_with_exit_0(s3_cluster):
     tensorflow_io then failed on a circular import (every rank logged "tensorflow_io not
     loaded"), and the plugin that had registered crashed the process after its last line
     (exit 139). About 40 s."""
-    run_keras_first_s3(s3_cluster)
+    run_keras_first_s3(s3_cluster, tensorflow_io=True)
 
 
-def run_keras_first_s3(s3_cluster) -> None:
+def run_keras_first_s3(s3_cluster, *, tensorflow_io: bool) -> None:
     """tests/programs/s3/keras_first.py on one host: it imports keras first, writes and reads
-    an object through tf.io.gfile, and the process exits 0 with s3:// loaded by tensorflow_io
-    (both lines)."""
+    an object through tf.io.gfile, and the process exits 0 with s3:// loaded (both lines;
+    `tensorflow_io`: whether the image's hook imports the tensorflow_io package, 2.14's; the
+    2.21 line's registers its plugin library alone)."""
     cluster, s3 = s3_cluster(
         1,
         hyperparameters={"sagemaker_program": "keras_first.py", "model_dir": "s3://models/kf"},
@@ -207,7 +208,7 @@ def run_keras_first_s3(s3_cluster) -> None:
     cluster.start()
     assert cluster.wait(timeout=200) == {"algo-1": 0}, cluster.describe()
     log = cluster.logs("algo-1")
-    done = "KERAS_FIRST_S3_DONE tensorflow_io=True read='written after import keras'"
+    done = f"KERAS_FIRST_S3_DONE tensorflow_io={tensorflow_io} read='written after import keras'"
     assert done in log, log[-4000:]
     assert "not loaded" not in log, log[-4000:]
     assert "pure virtual method called" not in log, log[-4000:]

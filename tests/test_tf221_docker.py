@@ -306,12 +306,12 @@ def test_builtin_model_under_multi_worker_mirrored_strategy(make_cluster, digits
 
 def test_import_keras_first_then_s3_ends_with_exit_0(s3_cluster):  # noqa: F811 (the fixture)
     """s3:// on the 2.21 line: tf_s3's hook loads the shim that gives tensorflow-io 0.37.1's
-    plugin library the symbols TF 2.21 no longer exports (docker/tf-io-shim/), then imports
-    tensorflow_io; a script that imports keras first writes an object to a moto server through
-    tf.io.gfile, reads it back, and the process exits 0. The 2.14 line's test of the same
-    program: tests/test_aws_tf_scripts.py. 6 s on the CPU image at load 4, 19 s on the GPU
-    image at load 14 (2 cores)."""
-    run_keras_first_s3(s3_cluster)
+    plugin library the symbols TF 2.21 no longer exports (docker/tf-io-shim/), then registers
+    that library, without importing tensorflow_io; a script that imports keras first writes an
+    object to a moto server through tf.io.gfile, reads it back, and the process exits 0. The
+    2.14 line's test of the same program: tests/test_aws_tf_scripts.py. 6 s on the CPU image
+    at load 4, 19 s on the GPU image at load 14 (2 cores)."""
+    run_keras_first_s3(s3_cluster, tensorflow_io=False)
 
 
 def test_aws_custom_loop_mnist_script_imports_tensorflow_io_and_saves_to_s3(
@@ -327,7 +327,8 @@ def test_aws_custom_loop_mnist_script_imports_tensorflow_io_and_saves_to_s3(
     assert cluster.wait(timeout=JOB_TIMEOUT_S) == {"algo-1": 0, "algo-2": 0}, cluster.describe()
     logs = {host: cluster.logs(host) for host in cluster.hosts}
     assert "CUSTOM_DONE latest=s3://models/custom/model.ckpt-1" in logs["algo-1"], logs["algo-1"]
-    assert "[algo-2 worker:0] Epoch 1 " in logs["algo-2"], logs["algo-2"]
+    # The worker trains its own copy; the job ends with the master's, whatever epoch it is in.
+    assert "[algo-2 worker:0] ==== train tensor shape ====" in logs["algo-2"], logs["algo-2"]
     for host, log in logs.items():
         assert "not loaded" not in log, (host, log[-4000:])
     keys = s3.keys("models", "custom/")

@@ -172,7 +172,8 @@ def test_aws_custom_loop_script_runs_once_per_host_with_the_toolkits_tf_config(
     assert codes == {"algo-1": 0, "algo-2": 0}, cluster.describe()
     master, worker = (cluster.logs(host) for host in cluster.hosts)
     assert "[algo-1 master:0] CUSTOM_DONE latest=/opt/ml/model/ckpt/model.ckpt-2" in master, master
-    assert "[algo-2 worker:0] Epoch 2 " in worker, worker
+    # The worker trains its own copy; the job ends with the master's, whatever epoch it is in.
+    assert "[algo-2 worker:0] ==== train tensor shape ====" in worker, worker
     assert (cluster.ml_root("algo-1") / "model" / "ckpt" / "model.ckpt-2.index").is_file()
     # The script once per host: no chief, no third process on the first host.
     assert "running 4 tasks on 2 hosts: python mnist_custom.py" in master, master

@@ -5,10 +5,11 @@ import; tensorflow_io then failed on a circular import, and the process crashed 
 from __future__ import annotations
 
 import types
+from pathlib import Path
 
 import pytest
 
-from tf_s3 import ready_to_load
+from tf_s3 import plugin_library, ready_to_load
 
 
 def module(name: str, *, initializing: bool) -> types.ModuleType:
@@ -42,3 +43,13 @@ def test_tensorflow_io_waits_until_tensorflow_and_keras_have_run(modules, just_i
 
 def test_a_module_without_a_spec_counts_as_imported():
     assert ready_to_load({"tensorflow": types.ModuleType("tensorflow")}, "keras") is True
+
+
+def test_the_plugin_library_is_found_beside_the_package_without_importing_it():
+    """The 2.21 line registers tensorflow-io's plugin library from the package's folder, found
+    by find_spec (importing the package would settle tf.keras as Keras 3)."""
+    origin = "/opt/venv/lib/python3.11/site-packages/tensorflow_io/__init__.py"
+    assert plugin_library(origin) == Path(
+        "/opt/venv/lib/python3.11/site-packages/tensorflow_io/python/ops/"
+        "libtensorflow_io_plugins.so"
+    )

@@ -10,10 +10,14 @@ imports tensorflow_io. A script's own `import tensorflow_io` then finds it impor
 registration of the plugin would fail with AlreadyExistsError).
 
 On the TensorFlow 2.21 line the package is tensorflow-io 0.37.1 (its last release, built for TF
-2.16) without its op libraries: its file system plugin library loads there once the shim library
+2.16) without its op libraries, and the hook registers its file system plugin library without
+importing the package: the package's import defines Keras layers, which would settle `tf.keras`
+as Keras 3 before a script (or `import smdistributed.dataparallel.tensorflow`) can ask for
+tf_keras with TF_USE_LEGACY_KERAS=1. The plugin library loads on 2.21 once the shim library
 that SM_HVD_TF_IO_SHIM names (docker/tf-io-shim/tsl_shim.cc says why) has supplied, with its
-symbols global, the TensorFlow-internal symbols that 2.21 no longer exports; the hook loads the
-shim first (docs/tf-lines.md).
+symbols global, the TensorFlow-internal symbols that 2.21 no longer exports. A script's own
+`import tensorflow_io` then finds the plugins registered (docker/tf-io-patches/ lets it;
+docs/tf-lines.md).
 
 Settings are the plugin's: credentials from the AWS SDK's default chain (AWS_ACCESS_KEY_ID...,
 the container credentials endpoint, instance metadata), S3_ENDPOINT, S3_VERIFY_SSL, AWS_REGION /
@@ -24,6 +28,7 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import importlib.util
 import os
 import sys
 from collections.abc import Mapping
@@ -33,6 +38,7 @@ from types import ModuleType
 DISABLE_ENV = "SM_HVD_TF_S3"
 # The 2.21 images set it: the shim library's path (Dockerfile).
 SHIM_ENV = "SM_HVD_TF_IO_SHIM"
+PLUGIN_LIBRARY = "libtensorflow_io_plugins.so"
 # tensorflow_io imports Keras: loaded while either of these is half-imported, it fails on a
 # circular import. Whichever of them finishes importing last loads it.
 _WAIT_FOR = ("tensorflow", "keras")
@@ -68,11 +74,9 @@ def _initializing(module: object) -> bool:
 
 
 class _PluginLoader:
-    """Imports tensorflow_io once per process, at the first hook that finds TensorFlow ready;
-    given a shim library (the 2.21 line), loads it first. The interpreter in the image runs the
-    .pth hook's install() twice (two loaders, seen on both lines): the second import is a no-op,
-    and so is a script's own `import tensorflow_io` (a second registration of the plugin would
-    fail with AlreadyExistsError)."""
+    """Loads the file system plugins once per process, at the first hook that finds TensorFlow
+    ready: `import tensorflow_io`, or, given the shim library (the 2.21 line), the package's
+    plugin library alone after the shim."""
 
     def __init__(self, shim: Path | None) -> None:
         self.tried = False
@@ -85,16 +89,38 @@ class _PluginLoader:
         # First: a plugin library that registered before a failure below still crashes at exit.
         atexit.register(exit_before_static_destructors)
         try:
-            if self.shim is not None:
-                # Global: the plugin library's undefined tsl:: symbols bind to the first global
-                # definition, the shim's (TensorFlow 2.21 exports none).
-                ctypes.CDLL(str(self.shim), mode=ctypes.RTLD_GLOBAL)
-            import tensorflow_io  # noqa: F401, PLC0415 (registers the file system plugins)
+            if self.shim is None:
+                import tensorflow_io  # noqa: F401, PLC0415 (registers the file system plugins)
+            else:
+                register_plugin_library(self.shim)
         except Exception as error:  # noqa: BLE001 (an import of TensorFlow must never fail here)
             print(
                 f"sm-horovod: tensorflow_io not loaded, s3:// paths are unavailable: {error}",
                 file=sys.stderr,
             )
+
+
+def plugin_library(package_origin: str) -> Path:
+    """tensorflow-io's file system plugin library, from its package's __init__.py."""
+    return Path(package_origin).parent / "python" / "ops" / PLUGIN_LIBRARY
+
+
+def register_plugin_library(shim: Path) -> None:
+    """tensorflow-io's plugin library, registered with TensorFlow once the shim is loaded with
+    its symbols global: the plugin's undefined tsl:: symbols bind to the first global
+    definition, which is the shim's (TensorFlow 2.21 exports none). Found without importing the
+    package (find_spec runs none of its code). Once per process: TensorFlow refuses a second
+    registration ("File system for az already registered"), and the interpreter in the image
+    runs the .pth hook's install() twice (two loaders, seen on both lines)."""
+    import tensorflow as tf  # noqa: PLC0415 (imported already: the hook runs after it)
+
+    if "s3" in tf.io.gfile.get_registered_schemes():
+        return
+    spec = importlib.util.find_spec("tensorflow_io")
+    if spec is None or spec.origin is None:
+        raise ModuleNotFoundError("No module named 'tensorflow_io'")
+    ctypes.CDLL(str(shim), mode=ctypes.RTLD_GLOBAL)
+    tf.experimental.register_filesystem_plugin(str(plugin_library(spec.origin)))
 
 
 def exit_before_static_destructors() -> None:

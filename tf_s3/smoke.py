@@ -6,6 +6,7 @@ crash tf_s3 works around). Credentials come from the environment."""
 from __future__ import annotations
 
 import http.server
+import importlib.util
 import os
 import sys
 import tempfile
@@ -31,6 +32,13 @@ def _check() -> int:
     import smdistributed.dataparallel.tensorflow as sdp  # noqa: PLC0415
     import smdistributed.dataparallel.tensorflow.keras as sdp_keras  # noqa: PLC0415
 
+    # The hook must leave tf.keras unsettled: the data-parallel API above asked for tf_keras
+    # where it is installed (the 2.21 line), and a Keras 2 script gets it only so.
+    if importlib.util.find_spec("tf_keras") is not None and not tf.keras.__name__.startswith(
+        "tf_keras"
+    ):
+        print(f"tf_s3: tf.keras is {tf.keras.__name__}, not tf_keras", file=sys.stderr)
+        return 1
     schemes = tf.io.gfile.get_registered_schemes()
     if "s3" not in schemes:
         print(f"tf_s3: s3 is not registered (schemes: {schemes})", file=sys.stderr)
